@@ -1,0 +1,351 @@
+#pragma once
+/// \file cross_entropy.hpp
+/// Cut cross-entropy (CCE): loss_i = lse_i(C E_i + bias) - (C E_i + bias)_target(i), without the
+/// N x V logit matrix.
+#include <tlse/impl/lse_backward.hpp>
+#include <tlse/impl/lse_forward.hpp>
+#include <tlse/impl/problem_builder.hpp>
+#include <tlse/impl/small_kernels.hpp>
+#include <tlse/impl/workspace_carver.hpp>
+#include <tlse/options.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace tlse {
+
+struct CrossEntropyOptions {
+  std::int64_t ignore_index = -100;  ///< rows whose target equals this cost no compute and add 0
+  Reduction reduction = Reduction::mean;
+  std::int64_t shift = 0;            ///< row i is scored against targets(i + shift); the last `shift` rows are ignored
+  double softcap = 0;                ///< logits become softcap * tanh(logit / softcap) (Gemma 2); 0: off
+  double z_loss = 0;                 ///< adds z_loss * lse_i^2 to each row's loss
+  double filter_eps = filter_eps_auto;  ///< backward: skip tiles whose softmax is all below this; 0: exact
+  bool accumulate = false;           ///< backward: dE += ..., dC += ..., dbias += ... instead of overwriting
+  NonFinite non_finite = NonFinite::propagate;
+  Workspace workspace{};
+};
+
+namespace impl {
+
+template <class T>
+double resolved_filter_eps(const CrossEntropyOptions& o) {
+  return o.filter_eps == filter_eps_auto ? storage_epsilon<T>() / 32 : o.filter_eps;
+}
+
+/// Everything forward and backward share: checked shapes, the problem, and the active rows.
+template <class Exec, class EV, class CV, class BiasV, class TargetV>
+struct CrossEntropyCall {
+  using T = scalar_of<EV>;
+  using Acc = accumulator_t<T>;
+  const Exec& exec;
+  const ArgumentChecker& check;
+  const EV& E;
+  const CV& C;
+  const BiasV& bias;
+  const TargetV& targets;
+  const CrossEntropyOptions& o;
+  index_t N = 0, V = 0, scored = 0, active_count = 0;
+
+  /// Validates everything the forward and the backward share; counts the active rows.
+  void validate() {
+    check_operands(check, "E", E, "C", C);
+    N = index_t(E.extent(0));
+    V = index_t(C.extent(0));
+    check.optional("bias", bias, V, "C's row count (the vocabulary)");
+    check.vector("targets", targets);
+    check.extent("targets", targets.extent(0), N, "E's row count");
+    if (o.shift < 0) check.fail("shift", "must be >= 0, got " + std::to_string(o.shift));
+    check.finite_nonnegative("softcap", o.softcap);
+    check.finite_nonnegative("z_loss", o.z_loss);
+    const double eps = resolved_filter_eps<T>(o);
+    if (!(eps >= 0 && eps <= 1)) check.fail("filter_eps", "must be in [0, 1] or filter_eps_auto, got " + check.number(eps));
+    if (o.ignore_index >= 0 && o.ignore_index < V)
+      check.fail("ignore_index", "is " + std::to_string(o.ignore_index) + ", a valid class in [0, " + std::to_string(V) + ")");
+    check_finite(exec, check, "E", E, o.non_finite);
+    check_finite(exec, check, "C", C, o.non_finite);
+    check_finite(exec, check, "bias", bias, o.non_finite);
+    scored = std::max<index_t>(0, N - o.shift);
+    active_count = scored - check_indices(exec, check, "targets", targets, o.shift, scored, V, o.ignore_index, true);
+  }
+
+  /// row_target[i] = the class row i is scored against, or -1; active = the rows that are scored.
+  index_t prepare_rows(int* row_target, int* active) const {
+    const auto* t = targets.data();
+    const index_t shift = o.shift, n_scored = scored, ignore = o.ignore_index;
+    Kokkos::parallel_for("tlse::cross_entropy_targets", Kokkos::RangePolicy<Exec>(exec, 0, N),
+                         KOKKOS_LAMBDA(index_t i) {
+                           const index_t c = i < n_scored ? index_t(t[i + shift]) : ignore;
+                           row_target[i] = c == ignore ? -1 : int(c);
+                         });
+    return compact_indices(exec, N, KOKKOS_LAMBDA(index_t i) { return row_target[i] >= 0; }, active);
+  }
+
+  TileProblem<T, Acc> problem(const int* active, const int* vocab_order) const {
+    auto p = make_problem<T, Acc>(E, C, 1.0);
+    p.rows.index = active;
+    p.rows.count = active_count;
+    p.cols.index = vocab_order;
+    p.logit.col_bias = bias.extent(0) ? bias.data() : nullptr;
+    p.logit.softcap = Acc(o.softcap);
+    return p;
+  }
+};
+
+template <class Exec, class EV, class CV, class BiasV, class TargetV>
+CrossEntropyCall<Exec, EV, CV, BiasV, TargetV> cross_entropy_call(const Exec& exec, const ArgumentChecker& check,
+                                                                  const EV& E, const CV& C, const BiasV& bias,
+                                                                  const TargetV& targets,
+                                                                  const CrossEntropyOptions& o) {
+  static_check_operands<Exec, EV, CV>();
+  static_check_view<Exec, BiasV, 1>();
+  static_check_index_vector<Exec, TargetV>();
+  static_assert(std::is_same<scalar_of<BiasV>, scalar_of<EV>>::value, "tlse: bias has the scalar type of E and C");
+  return {exec, check, E, C, bias, targets, o};
+}
+
+template <class Exec, class V>
+void check_vocab_order(const Exec& exec, const ArgumentChecker& check, const V& order, index_t vocab) {
+  static_check_view<Exec, V, 1>();
+  static_assert(std::is_same<scalar_of<V>, int>::value, "tlse: vocab_order is a view of int");
+  if (check.optional("vocab_order", order, vocab, "C's row count (the vocabulary)"))
+    check_indices(exec, check, "vocab_order", order, 0, vocab, vocab, 0, false);
+}
+
+/// The workspace arrays of the forward and of the backward (one layout serves the call and
+/// cross_entropy_workspace_bytes).
+template <class Acc>
+struct CrossEntropyForwardArrays {
+  int *row_target, *active;
+  Acc *row_lse, *target_logit, *row_loss, *total, *partials, *logit_sum;
+  template <class Exec>
+  static CrossEntropyForwardArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V, bool sums) {
+    CrossEntropyForwardArrays a;
+    a.row_target = c.take<int>(N);
+    a.active = c.take<int>(N);
+    a.row_lse = c.take<Acc>(N);
+    a.target_logit = c.take<Acc>(N);
+    a.row_loss = c.take<Acc>(N);
+    a.total = c.take<Acc>(1);
+    a.partials = c.take<Acc>(forward_partials_bound(exec, N, V, false, sums));
+    a.logit_sum = c.take<Acc>(sums ? V : 0);
+    return a;
+  }
+};
+template <class Acc>
+struct CrossEntropyBackwardArrays {
+  int *row_target, *active;
+  Acc *g, *w;
+  static CrossEntropyBackwardArrays carve(WorkspaceCarver& c, index_t N) {
+    CrossEntropyBackwardArrays a;
+    a.row_target = c.take<int>(N);
+    a.active = c.take<int>(N);
+    a.g = c.take<Acc>(N);
+    a.w = c.take<Acc>(N);
+    return a;
+  }
+};
+
+/// Fills `order` with the vocabulary sorted by decreasing logit sum (ties by index), so that
+/// the backward meets the likely classes together and skips whole tiles of unlikely ones.
+template <class Exec, class Acc, class OrderV>
+void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const OrderV& order) {
+  auto sums = Kokkos::create_mirror_view(
+      Kokkos::View<const Acc*, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(logit_sum, V));
+  Kokkos::deep_copy(exec, sums,
+                    Kokkos::View<const Acc*, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(logit_sum, V));
+  exec.fence();
+  std::vector<int> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int a, int b) { return sums(a) > sums(b) || (sums(a) == sums(b) && a < b); });
+  Kokkos::deep_copy(exec, order, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(idx.data(), V));
+  exec.fence();
+}
+
+}  // namespace impl
+
+/// Workspace bytes cross_entropy and cross_entropy_backward need (the larger of the two).
+template <class Exec, class EV, class CV>
+std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const CV& C, const CrossEntropyOptions& = {}) {
+  using Acc = accumulator_t<impl::scalar_of<EV>>;
+  const impl::index_t N = E.extent(0), V = C.extent(0);
+  impl::WorkspaceCarver forward, backward;
+  impl::CrossEntropyForwardArrays<Acc>::carve(forward, exec, N, V, true);
+  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N);
+  return std::max(forward.bytes(), backward.bytes());
+}
+
+/// Forward. E: (N x D) embeddings, C: (V x D) classifier, row-major, same scalar type T;
+/// bias: (V) or empty; targets: (N) of any integer type, each in [0, V) or ignore_index.
+/// Outputs (accumulator_t<T>): loss (N) for Reduction::none, (1) otherwise; lse (N) or empty:
+/// the per-row LSE (0 for ignored rows), needed by the backward; vocab_order (V, int) or empty:
+/// the vocabulary sorted by average logit, for the backward's vocabulary sorting.
+/// Extra memory: O(N + V) workspace, no N x V buffer.
+template <class Exec, class EV, class CV, class BiasV, class TargetV, class LossV, class LseV, class OrderV>
+void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
+                   const LossV& loss, const LseV& lse, const OrderV& vocab_order, const CrossEntropyOptions& opts = {}) {
+  const impl::ArgumentChecker check("tlse::cross_entropy");
+  auto call = impl::cross_entropy_call(exec, check, E, C, bias, targets, opts);
+  using T = typename decltype(call)::T;
+  using Acc = typename decltype(call)::Acc;
+  impl::static_check_acc_vector<Exec, T, LossV>();
+  impl::static_check_acc_vector<Exec, T, LseV>();
+  impl::static_check_view<Exec, OrderV, 1>();
+  static_assert(std::is_same<typename OrderV::value_type, int>::value, "tlse: vocab_order is a view of int");
+  call.validate();
+  check.vector("loss", loss);
+  check.extent("loss", loss.extent(0), opts.reduction == Reduction::none ? E.extent(0) : 1,
+               opts.reduction == Reduction::none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+  const bool want_lse = check.optional("lse", lse, E.extent(0), "E's row count");
+  const bool want_order = check.optional("vocab_order", vocab_order, C.extent(0), "C's row count (the vocabulary)");
+  const impl::index_t N = call.N, V = call.V;
+  Kokkos::Profiling::pushRegion("tlse::cross_entropy");
+  using Arrays = impl::CrossEntropyForwardArrays<Acc>;
+  impl::with_workspace(
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, exec, N, V, want_order); },
+      [&](const Arrays& a) {
+        call.prepare_rows(a.row_target, a.active);
+        const auto prob = call.problem(a.active, nullptr);
+        const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, V);
+        impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr, want_order ? a.logit_sum : nullptr);
+        const int* active = a.active;
+        const int* row_target = a.row_target;
+        impl::pair_logits(
+            exec, prob, call.active_count, KOKKOS_LAMBDA(impl::index_t k) { return impl::index_t(active[k]); },
+            KOKKOS_LAMBDA(impl::index_t k) { return impl::index_t(row_target[active[k]]); }, a.target_logit);
+        const Acc z = Acc(opts.z_loss);
+        Acc* row_loss = a.row_loss;
+        const Acc* row_lse = a.row_lse;
+        const Acc* target_logit = a.target_logit;
+        impl::fill(exec, row_loss, N, Acc(0));
+        Kokkos::parallel_for("tlse::cross_entropy_rows", Kokkos::RangePolicy<Exec>(exec, 0, call.active_count),
+                             KOKKOS_LAMBDA(impl::index_t k) {
+                               const Acc l = row_lse[active[k]];
+                               row_loss[active[k]] = l - target_logit[k] + z * l * l;
+                             });
+        if (opts.reduction == Reduction::none) {
+          Acc* out = loss.data();
+          Kokkos::parallel_for("tlse::cross_entropy_loss", Kokkos::RangePolicy<Exec>(exec, 0, N),
+                               KOKKOS_LAMBDA(impl::index_t i) { out[i] = row_loss[i]; });
+        } else {
+          const Acc weight = opts.reduction == Reduction::sum ? Acc(1)
+                             : call.active_count > 0       ? Acc(1) / Acc(call.active_count)
+                                                           : Acc(0);
+          impl::weighted_sum(exec, row_loss, N, weight, loss.data(), false, a.total);
+        }
+        if (want_lse) {
+          Acc* out = lse.data();
+          Kokkos::parallel_for("tlse::cross_entropy_lse", Kokkos::RangePolicy<Exec>(exec, 0, N),
+                               KOKKOS_LAMBDA(impl::index_t i) { out[i] = row_target[i] >= 0 ? row_lse[i] : Acc(0); });
+        }
+        if (want_order) impl::sort_vocabulary(exec, a.logit_sum, V, vocab_order);
+      });
+  Kokkos::Profiling::popRegion();
+}
+
+/// Forward without bias, saved LSE or vocabulary order.
+template <class Exec, class EV, class CV, class TargetV, class LossV>
+void cross_entropy(const Exec& exec, const EV& E, const CV& C, const TargetV& targets, const LossV& loss,
+                   const CrossEntropyOptions& opts = {}) {
+  using T = impl::scalar_of<EV>;
+  using Mem = typename EV::memory_space;
+  cross_entropy(exec, E, C, Kokkos::View<const T*, Mem>(), targets, loss, Kokkos::View<accumulator_t<T>*, Mem>(),
+                Kokkos::View<int*, Mem>(), opts);
+}
+
+/// Backward. Takes the forward's inputs, its lse output, optionally its vocab_order, and dloss
+/// (shaped like the forward's loss). Writes dE (N x D), dC (V x D) and dbias (V); any of them may
+/// be an empty view (not computed). Rows that are ignored get zero gradient. Tiles whose softmax
+/// entries are all below filter_eps are skipped (CCE gradient filtering); filter_eps = 0 is exact.
+template <class Exec, class EV, class CV, class BiasV, class TargetV, class LseV, class OrderV, class DLossV,
+          class DEV, class DCV, class DBiasV>
+void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
+                            const LseV& lse, const OrderV& vocab_order, const DLossV& dloss, const DEV& dE,
+                            const DCV& dC, const DBiasV& dbias, const CrossEntropyOptions& opts = {}) {
+  const impl::ArgumentChecker check("tlse::cross_entropy_backward");
+  auto call = impl::cross_entropy_call(exec, check, E, C, bias, targets, opts);
+  using T = typename decltype(call)::T;
+  using Acc = typename decltype(call)::Acc;
+  impl::static_check_acc_vector<Exec, T, LseV>();
+  impl::static_check_acc_vector<Exec, T, DLossV>();
+  impl::static_check_view<Exec, DEV, 2>();
+  impl::static_check_view<Exec, DCV, 2>();
+  impl::static_check_view<Exec, DBiasV, 1>();
+  static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
+                    std::is_same<typename DBiasV::value_type, T>::value,
+                "tlse::cross_entropy_backward: dE, dC and dbias are non-const views of the input scalar type");
+  call.validate();
+  const impl::index_t N = call.N, V = call.V, D = impl::index_t(E.extent(1));
+  check.vector("lse", lse);
+  check.extent("lse", lse.extent(0), N, "E's row count");
+  check.vector("dloss", dloss);
+  check.extent("dloss", dloss.extent(0), opts.reduction == Reduction::none ? N : 1,
+               opts.reduction == Reduction::none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+  impl::check_vocab_order(exec, check, vocab_order, V);
+  const bool want_dE = dE.size() > 0, want_dC = dC.size() > 0;
+  if (want_dE) {
+    check.matrix("dE", dE);
+    check.extent("dE", dE.extent(0), N, "E's row count");
+    check.extent("dE", dE.extent(1), D, "E's column count");
+  }
+  if (want_dC) {
+    check.matrix("dC", dC);
+    check.extent("dC", dC.extent(0), V, "C's row count");
+    check.extent("dC", dC.extent(1), D, "C's column count");
+  }
+  const bool want_dbias = check.optional("dbias", dbias, V, "C's row count (the vocabulary)");
+  impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
+  Kokkos::Profiling::pushRegion("tlse::cross_entropy_backward");
+  using Arrays = impl::CrossEntropyBackwardArrays<Acc>;
+  impl::with_workspace(
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N); },
+      [&](const Arrays& a) {
+        call.prepare_rows(a.row_target, a.active);
+        const int* order = vocab_order.extent(0) ? vocab_order.data() : nullptr;
+        const int* active = a.active;
+        const int* row_target = a.row_target;
+        Acc *g = a.g, *w = a.w;
+        const Acc* saved_lse = lse.data();
+        const Acc* up = dloss.data();
+        const bool per_row = opts.reduction == Reduction::none;
+        const Acc weight = opts.reduction == Reduction::mean
+                               ? (call.active_count > 0 ? Acc(1) / Acc(call.active_count) : Acc(0))
+                               : Acc(1);
+        const Acc z = Acc(opts.z_loss);
+        Kokkos::parallel_for("tlse::cross_entropy_coefficients",
+                             Kokkos::RangePolicy<Exec>(exec, 0, call.active_count), KOKKOS_LAMBDA(impl::index_t k) {
+                               const int i = active[k];
+                               const Acc coef = (per_row ? up[i] : up[0]) * weight;
+                               g[i] = coef * (Acc(1) + Acc(2) * z * saved_lse[i]);
+                               w[i] = coef;
+                             });
+        impl::BackwardTiles<T, Acc> f{};
+        f.prob = call.problem(active, order);
+        f.row_terms = {saved_lse, g, row_target, w};
+        f.filter_eps = Acc(impl::resolved_filter_eps<T>(opts));
+        f.accumulate = opts.accumulate;
+        if (want_dE) {
+          if (!opts.accumulate) {  // ignored rows are never visited: their gradient is zero
+            T* out = dE.data();
+            Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
+                                 KOKKOS_LAMBDA(impl::index_t idx) {
+                                   if (row_target[idx / D] < 0) out[idx] = T(0.0f);
+                                 });
+          }
+          f.owner_is_row = true;
+          f.grad = dE.data();
+          impl::lse_backward_pass(exec, f);
+        }
+        if (want_dC || want_dbias) {
+          f.owner_is_row = false;
+          f.grad = want_dC ? dC.data() : nullptr;
+          f.dbias = want_dbias ? dbias.data() : nullptr;
+          impl::lse_backward_pass(exec, f);
+        }
+      });
+  Kokkos::Profiling::popRegion();
+}
+
+}  // namespace tlse

@@ -1,0 +1,153 @@
+#pragma once
+// Argument validation shared by every public call. All of it runs before a call writes
+// anything, so a rejected call leaves the caller's outputs untouched. Messages name the call,
+// the argument and the values involved.
+#include <tlse/impl/kokkos_compat.hpp>
+#include <tlse/options.hpp>
+#include <tlse/scalar_types.hpp>
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace tlse::impl {
+
+template <class V>
+using scalar_of = std::remove_const_t<typename V::value_type>;
+
+/// Compile-time checks on a view argument: accessible from `Exec`, of the expected rank.
+template <class Exec, class V, int Rank>
+constexpr void static_check_view() {
+  static_assert(Kokkos::is_view<V>::value, "tlse: arguments must be Kokkos::View");
+  static_assert(int(V::rank) == Rank, "tlse: a view argument has the wrong rank (see the API documentation)");
+  static_assert(Kokkos::SpaceAccessibility<Exec, typename V::memory_space>::accessible,
+                "tlse: a view argument lives in a memory space the execution space cannot access "
+                "(e.g. a HostSpace view passed with a Cuda execution space)");
+}
+
+class ArgumentChecker {
+ public:
+  explicit ArgumentChecker(const char* function) : function_(function) {}
+
+  [[noreturn]] void fail(const std::string& argument, const std::string& message) const {
+    throw std::invalid_argument(std::string(function_) + ": argument '" + argument + "' " + message);
+  }
+
+  /// A row-major contiguous matrix (LayoutRight, or a LayoutStride view with those strides).
+  template <class V>
+  void matrix(const char* name, const V& v) const {
+    const std::size_t rows = v.extent(0), cols = v.extent(1);
+    if (rows > 1 && cols > 0 && (v.stride(1) != 1 || v.stride(0) != cols))
+      fail(name, "must be row-major contiguous (LayoutRight) of shape " + shape(v) + ", but its strides are (" +
+                     std::to_string(v.stride(0)) + ", " + std::to_string(v.stride(1)) +
+                     "); TiledLSE does not copy strided inputs");
+    if (rows == 1 && cols > 1 && v.stride(1) != 1)
+      fail(name, "must be row-major contiguous; its column stride is " + std::to_string(v.stride(1)));
+  }
+
+  /// A contiguous vector (or any rank-1 view of stride 1).
+  template <class V>
+  void vector(const char* name, const V& v) const {
+    if (v.extent(0) > 1 && v.stride(0) != 1)
+      fail(name, "must be contiguous, but its stride is " + std::to_string(v.stride(0)));
+  }
+
+  void extent(const char* name, std::size_t got, std::size_t expected, const std::string& why) const {
+    if (got != expected)
+      fail(name, "has extent " + std::to_string(got) + " but " + why + " needs " + std::to_string(expected));
+  }
+
+  /// An optional vector: empty (not requested), or exactly `expected` long.
+  template <class V>
+  bool optional(const char* name, const V& v, std::size_t expected, const std::string& why) const {
+    if (v.size() == 0) return false;
+    vector(name, v);
+    extent(name, v.extent(0), expected, why);
+    return true;
+  }
+
+  void finite_nonnegative(const char* name, double value) const {
+    if (!(value >= 0) || value == infinity<double>())
+      fail(name, "must be finite and >= 0, got " + number(value));
+  }
+
+  void no_alias(const char* a, const void* pa, const char* b, const void* pb) const {
+    if (pa != nullptr && pa == pb) fail(b, std::string("must not alias '") + a + "'");
+  }
+
+  template <class V>
+  static std::string shape(const V& v) {
+    std::ostringstream s;
+    s << "(" << v.extent(0);
+    for (unsigned r = 1; r < V::rank; ++r) s << ", " << v.extent(r);
+    s << ")";
+    return s.str();
+  }
+  static std::string number(double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  }
+
+  const char* function() const { return function_; }
+
+ private:
+  const char* function_;
+};
+
+/// With NonFinite::detect: throws naming `name` and the first non-finite element of `v`.
+template <class Exec, class V>
+void check_finite(const Exec& exec, const ArgumentChecker& check, const char* name, const V& v, NonFinite policy) {
+  if (policy != NonFinite::detect || v.size() == 0) return;
+  using T = scalar_of<V>;
+  using Acc = accumulator_t<T>;
+  const T* data = v.data();
+  std::int64_t first = INT64_MAX;
+  Kokkos::parallel_reduce(
+      "tlse::check_finite", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(v.size())),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & m) {
+        if (!impl::isfinite(to_acc<Acc>(data[i])) && i < m) m = i;
+      },
+      Kokkos::Min<std::int64_t>(first));
+  if (first == INT64_MAX) return;
+  std::string where = "element " + std::to_string(first);
+  if (V::rank == 2 && v.extent(1) > 0)
+    where = "row " + std::to_string(first / std::int64_t(v.extent(1))) + ", column " +
+            std::to_string(first % std::int64_t(v.extent(1)));
+  check.fail(name, "contains NaN or Inf (first at " + where + ") and non_finite is NonFinite::detect");
+}
+
+/// Throws naming `name` unless every index[i] (i in [0, n)) is in [0, bound) or equals `ignore`.
+/// Returns the number of entries equal to `ignore`.
+template <class Exec, class V>
+std::int64_t check_indices(const Exec& exec, const ArgumentChecker& check, const char* name, const V& index,
+                           std::int64_t offset, std::int64_t n, std::int64_t bound, std::int64_t ignore,
+                           bool has_ignore) {
+  if (n <= 0) return 0;
+  std::int64_t first_bad = INT64_MAX, ignored = 0;
+  const auto* data = index.data();
+  Kokkos::parallel_reduce(
+      "tlse::check_indices", Kokkos::RangePolicy<Exec>(exec, 0, n),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & bad, std::int64_t & skipped) {
+        const std::int64_t t = std::int64_t(data[i + offset]);
+        if (has_ignore && t == ignore)
+          ++skipped;
+        else if ((t < 0 || t >= bound) && i < bad)
+          bad = i;
+      },
+      Kokkos::Min<std::int64_t>(first_bad), ignored);
+  if (first_bad != INT64_MAX) {
+    typename V::non_const_value_type value{};
+    Kokkos::deep_copy(exec, Kokkos::View<typename V::non_const_value_type, Kokkos::HostSpace>(&value),
+                      Kokkos::subview(index, first_bad + offset));
+    exec.fence();
+    check.fail(name, "has " + std::string(name) + "[" + std::to_string(first_bad + offset) + "] = " +
+                         std::to_string(std::int64_t(value)) + ", outside [0, " + std::to_string(bound) + ")" +
+                         (has_ignore ? " and not ignore_index (" + std::to_string(ignore) + ")" : ""));
+  }
+  return ignored;
+}
+
+}  // namespace tlse::impl

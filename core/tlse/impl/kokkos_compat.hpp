@@ -1,0 +1,38 @@
+#pragma once
+// Every difference between Kokkos 3.4 (what Debian ships) and Kokkos 4.x that TiledLSE
+// touches lives here, so the rest of the code is written once.
+#include <Kokkos_Core.hpp>
+
+#include <limits>
+
+namespace tlse::impl {
+
+#if KOKKOS_VERSION >= 40000
+namespace kmath = ::Kokkos;
+#else
+namespace kmath = ::Kokkos::Experimental;
+#endif
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T exp(T x) { return kmath::exp(x); }
+template <class T>
+KOKKOS_INLINE_FUNCTION T log(T x) { return kmath::log(x); }
+template <class T>
+KOKKOS_INLINE_FUNCTION T tanh(T x) { return kmath::tanh(x); }
+template <class T>
+KOKKOS_INLINE_FUNCTION T sqrt(T x) { return kmath::sqrt(x); }
+template <class T>
+KOKKOS_INLINE_FUNCTION bool isfinite(T x) { return kmath::isfinite(x); }
+template <class T>
+KOKKOS_INLINE_FUNCTION T fabs(T x) { return x < T(0) ? -x : x; }
+
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T infinity() { return std::numeric_limits<T>::infinity(); }
+
+/// True when the execution space runs on the host (Serial, OpenMP, Threads, ...).
+template <class Exec>
+constexpr bool is_host_space() {
+  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
+}
+
+}  // namespace tlse::impl

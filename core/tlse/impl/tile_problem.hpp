@@ -1,0 +1,104 @@
+#pragma once
+// The implicit matrix x_rc = logit(A_r . B_c) as the tile kernels see it: two sides (rows of
+// A and rows of B, each optionally visited through an index list), the elementwise logit model
+// (scale, column bias, softcap, masks) and, for the backward, the softmax terms of each side.
+#include <tlse/impl/kokkos_compat.hpp>
+#include <tlse/scalar_types.hpp>
+
+#include <cstdint>
+
+namespace tlse::impl {
+
+using index_t = std::int64_t;
+
+/// Tile shape of the generic kernels: TM rows x TN columns, depth consumed TK at a time.
+/// 32 x 32 x 32 keeps a double-precision team's scratch under Kokkos 3.4's 40 KiB CUDA cap.
+struct GenericTile {
+  static constexpr int TM = 32, TN = 32, TK = 32;
+};
+
+/// The rows of one operand. Logical position `p` reads row `id(p)` of `data`; an index list
+/// lets the kernels skip rows (ignored tokens) or visit them in another order (sorted vocabulary)
+/// without copying.
+template <class T>
+struct Side {
+  const T* data = nullptr;
+  const int* index = nullptr;  // logical position -> row of data; nullptr means identity
+  index_t count = 0;           // number of logical positions
+  KOKKOS_INLINE_FUNCTION index_t id(index_t p) const { return index ? index_t(index[p]) : p; }
+};
+
+/// x = softcap(scale * dot + bias_c), or -inf where masked (excluded diagonal, c >= valid_cols).
+template <class T, class Acc>
+struct LogitModel {
+  Acc scale = 1;
+  const T* col_bias = nullptr;
+  Acc softcap = 0;  // 0: no softcap
+  bool exclude_diagonal = false;
+  index_t diagonal_offset = 0;  // the diagonal is row_id + diagonal_offset == col_id
+  index_t valid_cols = INT64_MAX;
+
+  KOKKOS_INLINE_FUNCTION bool masked(index_t row_id, index_t col_id) const {
+    return col_id >= valid_cols || (exclude_diagonal && row_id + diagonal_offset == col_id);
+  }
+  KOKKOS_INLINE_FUNCTION Acc operator()(Acc dot, index_t row_id, index_t col_id) const {
+    if (masked(row_id, col_id)) return -infinity<Acc>();
+    Acc z = scale * dot;
+    if (col_bias) z += to_acc<Acc>(col_bias[col_id]);
+    return softcap > Acc(0) ? softcap * impl::tanh(z / softcap) : z;
+  }
+  /// dx/dz for the softcap, written in terms of x itself (1 - tanh^2).
+  KOKKOS_INLINE_FUNCTION Acc dx_dz(Acc x) const {
+    if (!(softcap > Acc(0))) return Acc(1);
+    const Acc t = x / softcap;
+    return Acc(1) - t * t;
+  }
+};
+
+/// One side's share of dL/dx_rc: g[i] * exp(x - lse[i]) - (other == target[i] ? w[i] : 0),
+/// indexed by that side's id. All pointers null: the side contributes nothing.
+template <class Acc>
+struct SoftmaxTerms {
+  const Acc* lse = nullptr;
+  const Acc* g = nullptr;
+  const int* target = nullptr;  // id on the other side, or anything out of range for none
+  const Acc* w = nullptr;
+  KOKKOS_INLINE_FUNCTION bool active() const { return g != nullptr; }
+};
+
+template <class T, class Acc>
+struct TileProblem {
+  Side<T> rows, cols;
+  index_t depth = 0;
+  LogitModel<T, Acc> logit;
+};
+
+/// Online log-sum-exp state (running max and sum of exp(x - max)), Inf-CL eq. 4-5.
+template <class Acc>
+struct LseState {
+  Acc max = -infinity<Acc>();
+  Acc sum = 0;
+  KOKKOS_INLINE_FUNCTION void merge(Acc other_max, Acc other_sum) {
+    if (other_max == -infinity<Acc>()) return;
+    if (max == -infinity<Acc>()) {
+      max = other_max;
+      sum = other_sum;
+    } else if (other_max > max) {
+      sum = sum * impl::exp(max - other_max) + other_sum;
+      max = other_max;
+    } else {
+      sum += other_sum * impl::exp(other_max - max);
+    }
+  }
+  KOKKOS_INLINE_FUNCTION Acc value() const {
+    return sum == Acc(0) ? -infinity<Acc>() : max + impl::log(sum);  // NaN sums propagate
+  }
+};
+
+/// max that lets a NaN win, so that NaN inputs propagate to the LSE instead of vanishing.
+template <class Acc>
+KOKKOS_INLINE_FUNCTION Acc nan_max(Acc a, Acc b) {
+  return (b > a || b != b) ? b : a;
+}
+
+}  // namespace tlse::impl

@@ -1,0 +1,148 @@
+#pragma once
+/// \file linear_lse.hpp
+/// The primitive: lse_i = log sum_j exp(scale * A_i . B_j + bias_j) without forming the matrix.
+#include <tlse/impl/lse_backward.hpp>
+#include <tlse/impl/lse_forward.hpp>
+#include <tlse/impl/problem_builder.hpp>
+#include <tlse/impl/workspace_carver.hpp>
+#include <tlse/options.hpp>
+
+namespace tlse {
+
+struct LinearLseOptions {
+  double scale = 1.0;                   ///< multiplies every dot product; finite, >= 0
+  bool exclude_diagonal = false;        ///< drop entries with i + diagonal_offset == j (self-similarity)
+  std::int64_t diagonal_offset = 0;
+  std::int64_t valid_cols = -1;         ///< only columns j < valid_cols take part; -1: all
+  bool accumulate = false;              ///< backward: dA += ..., dB += ... instead of overwriting
+  NonFinite non_finite = NonFinite::propagate;
+  Workspace workspace{};
+};
+
+namespace impl {
+template <class T, class Acc, class AV, class BV, class BiasV>
+TileProblem<T, Acc> linear_problem(const AV& A, const BV& B, const BiasV& bias, const LinearLseOptions& o) {
+  auto p = make_problem<T, Acc>(A, B, o.scale);
+  p.logit.col_bias = bias.extent(0) ? bias.data() : nullptr;
+  p.logit.exclude_diagonal = o.exclude_diagonal;
+  p.logit.diagonal_offset = o.diagonal_offset;
+  if (o.valid_cols >= 0) p.logit.valid_cols = o.valid_cols;
+  return p;
+}
+
+template <class Exec, class AV, class BV, class BiasV>
+void check_linear(const Exec& exec, const ArgumentChecker& check, const AV& A, const BV& B, const BiasV& bias,
+                  const LinearLseOptions& o) {
+  check_operands(check, "A", A, "B", B);
+  check.optional("bias", bias, B.extent(0), "B's row count");
+  check.finite_nonnegative("scale", o.scale);
+  if (o.valid_cols < -1 || o.valid_cols > std::int64_t(B.extent(0)))
+    check.fail("valid_cols", "is " + std::to_string(o.valid_cols) + ", outside [-1, " + std::to_string(B.extent(0)) + "]");
+  check_finite(exec, check, "A", A, o.non_finite);
+  check_finite(exec, check, "B", B, o.non_finite);
+  check_finite(exec, check, "bias", bias, o.non_finite);
+}
+
+/// The forward's only workspace array (the backward needs none).
+template <class Acc, class Exec>
+Acc* carve_linear_partials(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols) {
+  return c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, rows, cols), rows, cols, false, false));
+}
+}  // namespace impl
+
+/// Workspace bytes linear_lse and linear_lse_backward need for these operands.
+template <class Exec, class AV, class BV>
+std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& B, const LinearLseOptions& = {}) {
+  impl::WorkspaceCarver c;
+  impl::carve_linear_partials<accumulator_t<impl::scalar_of<AV>>>(c, exec, A.extent(0), B.extent(0));
+  return c.bytes();
+}
+
+/// Forward: lse(i) = log sum_{j valid} exp(scale * A(i,:) . B(j,:) + bias(j)) for every row i of A.
+/// A: (rows x depth), B: (cols x depth), row-major, same scalar type T; bias: (cols) or empty;
+/// lse: (rows) of accumulator_t<T>. A row whose entries are all masked gets -inf.
+/// Extra memory: O(rows + cols) workspace, no rows x cols buffer.
+template <class Exec, class AV, class BV, class BiasV, class LseV>
+void linear_lse(const Exec& exec, const AV& A, const BV& B, const BiasV& bias, const LseV& lse,
+                const LinearLseOptions& opts = {}) {
+  using T = impl::scalar_of<AV>;
+  using Acc = accumulator_t<T>;
+  impl::static_check_operands<Exec, AV, BV>();
+  impl::static_check_view<Exec, BiasV, 1>();
+  impl::static_check_acc_vector<Exec, T, LseV>();
+  const impl::ArgumentChecker check("tlse::linear_lse");
+  impl::check_linear(exec, check, A, B, bias, opts);
+  check.vector("lse", lse);
+  check.extent("lse", lse.extent(0), A.extent(0), "A's row count");
+  Kokkos::Profiling::pushRegion("tlse::linear_lse");
+  const auto prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
+  const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, prob.cols.count);
+  impl::with_workspace(
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) { return impl::carve_linear_partials<Acc>(c, exec, prob.rows.count, prob.cols.count); },
+      [&](Acc* partials) { impl::lse_forward(exec, prob, grid, partials, lse.data(), (Acc*)nullptr, (Acc*)nullptr); });
+  Kokkos::Profiling::popRegion();
+}
+
+template <class Exec, class AV, class BV, class LseV>
+void linear_lse(const Exec& exec, const AV& A, const BV& B, const LseV& lse, const LinearLseOptions& opts = {}) {
+  linear_lse(exec, A, B, Kokkos::View<const impl::scalar_of<AV>*, typename AV::memory_space>(), lse, opts);
+}
+
+/// Backward: given lse from the forward and its gradient dlse, writes
+/// dA(i,:) = scale * sum_j dlse(i) p_ij B(j,:) and dB(j,:) = scale * sum_i dlse(i) p_ij A(i,:)
+/// with p_ij = exp(x_ij - lse(i)). dA or dB may be empty views (not computed). With
+/// opts.accumulate the results are added to dA and dB, otherwise they overwrite them.
+/// The bias gradient is sum_i dlse(i) p_ij; it is not returned here (cross_entropy_backward does).
+template <class Exec, class AV, class BV, class BiasV, class LseV, class DLseV, class DAV, class DBV>
+void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV& bias, const LseV& lse,
+                         const DLseV& dlse, const DAV& dA, const DBV& dB, const LinearLseOptions& opts = {}) {
+  using T = impl::scalar_of<AV>;
+  using Acc = accumulator_t<T>;
+  impl::static_check_operands<Exec, AV, BV>();
+  impl::static_check_view<Exec, BiasV, 1>();
+  impl::static_check_acc_vector<Exec, T, LseV>();
+  impl::static_check_acc_vector<Exec, T, DLseV>();
+  impl::static_check_view<Exec, DAV, 2>();
+  impl::static_check_view<Exec, DBV, 2>();
+  static_assert(std::is_same<typename DAV::value_type, T>::value && std::is_same<typename DBV::value_type, T>::value,
+                "tlse::linear_lse_backward: dA and dB are non-const views of the input scalar type");
+  const impl::ArgumentChecker check("tlse::linear_lse_backward");
+  impl::check_linear(exec, check, A, B, bias, opts);
+  check.extent("lse", lse.extent(0), A.extent(0), "A's row count");
+  check.extent("dlse", dlse.extent(0), A.extent(0), "A's row count");
+  check.vector("lse", lse);
+  check.vector("dlse", dlse);
+  const bool want_dA = dA.size() > 0, want_dB = dB.size() > 0;
+  if (want_dA) {
+    check.matrix("dA", dA);
+    check.extent("dA", dA.extent(0), A.extent(0), "A's row count");
+    check.extent("dA", dA.extent(1), A.extent(1), "A's column count");
+  }
+  if (want_dB) {
+    check.matrix("dB", dB);
+    check.extent("dB", dB.extent(0), B.extent(0), "B's row count");
+    check.extent("dB", dB.extent(1), B.extent(1), "B's column count");
+  }
+  impl::check_finite(exec, check, "dlse", dlse, opts.non_finite);
+  Kokkos::Profiling::pushRegion("tlse::linear_lse_backward");
+  impl::BackwardTiles<T, Acc> f{};
+  f.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
+  f.row_terms.lse = lse.data();
+  f.row_terms.g = dlse.data();
+  f.filter_eps = 0;
+  f.accumulate = opts.accumulate;
+  if (want_dA) {
+    f.owner_is_row = true;
+    f.grad = dA.data();
+    impl::lse_backward_pass(exec, f);
+  }
+  if (want_dB) {
+    f.owner_is_row = false;
+    f.grad = dB.data();
+    impl::lse_backward_pass(exec, f);
+  }
+  Kokkos::Profiling::popRegion();
+}
+
+}  // namespace tlse

@@ -1,0 +1,36 @@
+#pragma once
+// Options shared by the TiledLSE calls: reductions, directions, the non-finite policy and the
+// caller-provided workspace.
+#include <cstddef>
+#include <cstdint>
+
+namespace tlse {
+
+/// How per-row losses are combined. `mean` averages over the rows that are not ignored;
+/// with no such row the loss is 0 and every gradient is 0.
+enum class Reduction { none, sum, mean };
+
+/// Which directions of the contrastive loss are summed. `symmetric` is
+/// (image-to-text + text-to-image) / 2, as CLIP.
+enum class Direction { symmetric, image_to_text, text_to_image };
+
+/// What a call does with NaN or Inf in its inputs. `propagate` (default) costs nothing and lets
+/// them flow into the outputs as IEEE arithmetic does; `detect` scans every floating-point
+/// input first and throws std::invalid_argument naming the argument and the first bad element,
+/// before anything is written.
+enum class NonFinite { propagate, detect };
+
+/// Scratch memory a caller lends to a call, in the memory space of the call's execution space.
+/// Ask for its size with the `*_workspace_bytes` function of the call. Left empty, the call
+/// allocates (and frees) what it needs itself. Apart from this buffer a call only uses Kokkos
+/// team scratch (see docs/api.md for its size).
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// Value of `filter_eps` meaning "the default for the input dtype": eps(dtype) / 32 as CCE
+/// (2^-12 for bf16, 2^-15 for fp16, 2^-28 for float, 2^-57 for double).
+constexpr double filter_eps_auto = -1.0;
+
+}  // namespace tlse

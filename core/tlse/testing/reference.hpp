@@ -1,0 +1,234 @@
+#pragma once
+/// \file reference.hpp
+/// Float64 reference implementations that materialize the whole logit matrix. They are the
+/// oracle of the test suite and of `tlse --check`: slow (O(rows x cols) memory), simple, exact
+/// up to float64 rounding. Host only; inputs are read as double.
+#include <tlse/contrastive_loss.hpp>
+#include <tlse/cross_entropy.hpp>
+#include <tlse/linear_lse.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace tlse::testing {
+
+/// A row-major float64 matrix.
+struct Matrix {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<double> v;
+  Matrix() = default;
+  Matrix(std::int64_t r, std::int64_t c) : rows(r), cols(c), v(std::size_t(r * c), 0.0) {}
+  double& operator()(std::int64_t i, std::int64_t j) { return v[std::size_t(i * cols + j)]; }
+  double operator()(std::int64_t i, std::int64_t j) const { return v[std::size_t(i * cols + j)]; }
+};
+
+namespace detail {
+inline double dot(const Matrix& a, std::int64_t i, const Matrix& b, std::int64_t j) {
+  double s = 0;
+  for (std::int64_t k = 0; k < a.cols; ++k) s += a(i, k) * b(j, k);
+  return s;
+}
+inline double lse(const double* x, std::int64_t n, std::int64_t stride = 1) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[j * stride]);
+  if (m == -std::numeric_limits<double>::infinity()) return m;
+  double s = 0;
+  for (std::int64_t j = 0; j < n; ++j) s += std::exp(x[j * stride] - m);
+  return m + std::log(s);
+}
+/// dA += scale * G B, dB += scale * G^T A.
+inline void backprop(const Matrix& G, const Matrix& A, const Matrix& B, double scale, Matrix& dA, Matrix& dB) {
+  for (std::int64_t i = 0; i < G.rows; ++i)
+    for (std::int64_t j = 0; j < G.cols; ++j) {
+      const double g = G(i, j) * scale;
+      if (g == 0) continue;
+      for (std::int64_t k = 0; k < A.cols; ++k) {
+        dA(i, k) += g * B(j, k);
+        dB(j, k) += g * A(i, k);
+      }
+    }
+}
+inline Matrix abs(const Matrix& M) {
+  Matrix r = M;
+  for (double& v : r.v) v = std::fabs(v);
+  return r;
+}
+/// Fills the magnitudes the tests scale their tolerances by: with Gabs_ij the sum of the
+/// absolute values of the terms of dL/dx_ij, dA_mag = scale Gabs |B| and dB_mag = scale Gabs^T |A|.
+template <class R>
+void magnitudes(R& r, const Matrix& Gabs, const Matrix& A, const Matrix& B, double scale) {
+  r.dA_mag = Matrix(A.rows, A.cols);
+  r.dB_mag = Matrix(B.rows, B.cols);
+  backprop(Gabs, abs(A), abs(B), std::fabs(scale), r.dA_mag, r.dB_mag);
+  r.G_abs_sum = 0;
+  for (double v : Gabs.v) r.G_abs_sum += v;
+}
+}  // namespace detail
+
+/// Every reference also returns error magnitudes for tolerances: dA_mag, dB_mag (see
+/// detail::magnitudes) and G_abs_sum = sum_ij Gabs_ij.
+struct LinearLseReference {
+  std::vector<double> lse;
+  Matrix dA, dB, dA_mag, dB_mag;
+  double G_abs_sum = 0;
+};
+
+/// lse_i = log sum_j exp(scale A_i.B_j + bias_j) (masks as LinearLseOptions); gradients for dlse.
+inline LinearLseReference linear_lse_reference(const Matrix& A, const Matrix& B, const std::vector<double>& bias,
+                                               const LinearLseOptions& o, const std::vector<double>& dlse) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Matrix X(A.rows, B.rows);
+  for (std::int64_t i = 0; i < A.rows; ++i)
+    for (std::int64_t j = 0; j < B.rows; ++j) {
+      const bool masked = (o.valid_cols >= 0 && j >= o.valid_cols) || (o.exclude_diagonal && i + o.diagonal_offset == j);
+      X(i, j) = masked ? -inf : o.scale * detail::dot(A, i, B, j) + (bias.empty() ? 0.0 : bias[j]);
+    }
+  LinearLseReference r{std::vector<double>(A.rows), Matrix(A.rows, A.cols), Matrix(B.rows, B.cols), {}, {}, 0};
+  Matrix G(A.rows, B.rows);
+  for (std::int64_t i = 0; i < A.rows; ++i) {
+    r.lse[i] = detail::lse(&X.v[i * B.rows], B.rows);
+    for (std::int64_t j = 0; j < B.rows; ++j)
+      G(i, j) = X(i, j) == -inf ? 0.0 : dlse.empty() ? 0.0 : dlse[i] * std::exp(X(i, j) - r.lse[i]);
+  }
+  detail::backprop(G, A, B, o.scale, r.dA, r.dB);
+  detail::magnitudes(r, detail::abs(G), A, B, o.scale);
+  return r;
+}
+
+struct CrossEntropyReference {
+  std::vector<double> row_loss;  ///< per row (0 for ignored rows)
+  double loss = 0;               ///< reduced as the options say (row_loss when Reduction::none is unused)
+  std::vector<double> lse;       ///< per row (0 for ignored rows)
+  Matrix dE, dC;
+  std::vector<double> dbias;
+  std::int64_t active = 0;
+  Matrix dA_mag, dB_mag;  ///< magnitudes of dE and dC
+  double G_abs_sum = 0;
+  std::vector<double> dbias_mag;
+};
+
+/// Cross-entropy with every CrossEntropyOptions feature but filtering (the reference is exact).
+/// dloss has N entries for Reduction::none, one otherwise.
+inline CrossEntropyReference cross_entropy_reference(const Matrix& E, const Matrix& C, const std::vector<double>& bias,
+                                                     const std::vector<std::int64_t>& targets,
+                                                     const CrossEntropyOptions& o, const std::vector<double>& dloss) {
+  const std::int64_t N = E.rows, V = C.rows;
+  CrossEntropyReference r{std::vector<double>(N, 0.0), 0.0, std::vector<double>(N, 0.0), Matrix(N, E.cols),
+                          Matrix(V, C.cols), std::vector<double>(V, 0.0), 0, {}, {}, 0, std::vector<double>(V, 0.0)};
+  std::vector<std::int64_t> target(N, -1);
+  for (std::int64_t i = 0; i + o.shift < N; ++i)
+    if (targets[i + o.shift] != o.ignore_index) target[i] = targets[i + o.shift], ++r.active;
+  Matrix G(N, V), Gabs(N, V);  // dL/dz (z: logit before the softcap)
+  std::vector<double> x(V), z(V);
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (target[i] < 0) continue;
+    for (std::int64_t j = 0; j < V; ++j) {
+      z[j] = detail::dot(E, i, C, j) + (bias.empty() ? 0.0 : bias[j]);
+      x[j] = o.softcap > 0 ? o.softcap * std::tanh(z[j] / o.softcap) : z[j];
+    }
+    const double l = detail::lse(x.data(), V);
+    r.lse[i] = l;
+    r.row_loss[i] = l - x[target[i]] + o.z_loss * l * l;
+    const double coef = (o.reduction == Reduction::none ? dloss[i] : dloss[0]) *
+                        (o.reduction == Reduction::mean ? 1.0 / double(r.active) : 1.0);
+    for (std::int64_t j = 0; j < V; ++j) {
+      const double p = coef * (1 + 2 * o.z_loss * l) * std::exp(x[j] - l), t = j == target[i] ? coef : 0.0;
+      const double cap = o.softcap > 0 ? 1 - (x[j] / o.softcap) * (x[j] / o.softcap) : 1.0;
+      G(i, j) = (p - t) * cap;
+      Gabs(i, j) = (std::fabs(p) + std::fabs(t)) * cap;
+      r.dbias[j] += G(i, j);
+      r.dbias_mag[j] += Gabs(i, j);
+    }
+  }
+  for (double v : r.row_loss) r.loss += v;
+  if (o.reduction == Reduction::mean) r.loss = r.active ? r.loss / double(r.active) : 0.0;
+  detail::backprop(G, E, C, 1.0, r.dE, r.dC);
+  detail::magnitudes(r, Gabs, E, C, 1.0);
+  return r;
+}
+
+struct ContrastiveReference {
+  double loss = 0;
+  std::vector<double> row_lse, col_lse;
+  Matrix dI, dT;  ///< for the self-similarity form, dI is dZ and dT is empty
+  double dscale = 0;
+  Matrix dA_mag, dB_mag;  ///< magnitudes of dI and dT (of dZ in dA_mag for the self form)
+  double G_abs_sum = 0;
+  double dscale_mag = 0;  ///< sum_ij Gabs_ij |I_i . T_j|
+};
+
+/// Paired contrastive loss; labels empty means the diagonal.
+inline ContrastiveReference contrastive_reference(const Matrix& I, const Matrix& T, const std::vector<std::int64_t>& labels,
+                                                  const ContrastiveOptions& o, double dloss) {
+  const std::int64_t b = I.rows;
+  const double wr = o.direction == Direction::text_to_image ? 0 : o.direction == Direction::symmetric ? 0.5 : 1;
+  const double wc = o.direction == Direction::image_to_text ? 0 : o.direction == Direction::symmetric ? 0.5 : 1;
+  auto pos = [&](std::int64_t i) { return labels.empty() ? i : labels[i]; };
+  Matrix D(b, b), G(b, b), Gabs(b, b);
+  for (std::int64_t i = 0; i < b; ++i)
+    for (std::int64_t j = 0; j < b; ++j) D(i, j) = detail::dot(I, i, T, j);
+  ContrastiveReference r{0, std::vector<double>(b), std::vector<double>(b), Matrix(b, I.cols), Matrix(b, T.cols), 0,
+                         {}, {}, 0, 0};
+  std::vector<double> x(b);
+  for (std::int64_t i = 0; i < b; ++i) {
+    for (std::int64_t j = 0; j < b; ++j) x[j] = o.scale * D(i, j);
+    r.row_lse[i] = detail::lse(x.data(), b);
+    for (std::int64_t j = 0; j < b; ++j) x[j] = o.scale * D(j, i);
+    r.col_lse[i] = detail::lse(x.data(), b);
+  }
+  if (b == 0) return r;
+  for (std::int64_t i = 0; i < b; ++i)
+    r.loss += (wr * (r.row_lse[i] - o.scale * D(i, pos(i))) + wc * (r.col_lse[i] - o.scale * D(pos(i), i))) / double(b);
+  const double gr = wr * dloss / double(b), gc = wc * dloss / double(b);
+  for (std::int64_t i = 0; i < b; ++i)
+    for (std::int64_t j = 0; j < b; ++j) {
+      const double xij = o.scale * D(i, j);
+      const double p = gr * std::exp(xij - r.row_lse[i]), q = gc * std::exp(xij - r.col_lse[j]);
+      const double t = (j == pos(i) ? gr : 0.0) + (i == pos(j) ? gc : 0.0);
+      G(i, j) = p + q - t;
+      Gabs(i, j) = std::fabs(p) + std::fabs(q) + std::fabs(t);
+      r.dscale += G(i, j) * D(i, j);
+      r.dscale_mag += Gabs(i, j) * std::fabs(D(i, j));
+    }
+  detail::backprop(G, I, T, o.scale, r.dI, r.dT);
+  detail::magnitudes(r, Gabs, I, T, o.scale);
+  return r;
+}
+
+/// Self-similarity (NT-Xent) form: Z has 2B rows, diagonal excluded, positive i <-> i+B.
+inline ContrastiveReference self_contrastive_reference(const Matrix& Z, const ContrastiveOptions& o, double dloss) {
+  const std::int64_t n = Z.rows;
+  const double inf = std::numeric_limits<double>::infinity();
+  ContrastiveReference r{0, std::vector<double>(n), {}, Matrix(n, Z.cols), Matrix(n, Z.cols), 0, {}, {}, 0, 0};
+  if (n == 0) return r;
+  Matrix D(n, n), X(n, n), G(n, n), Gabs(n, n);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      D(i, j) = detail::dot(Z, i, Z, j);
+      X(i, j) = i == j ? -inf : o.scale * D(i, j);
+    }
+  for (std::int64_t i = 0; i < n; ++i) {
+    r.row_lse[i] = detail::lse(&X.v[i * n], n);
+    const std::int64_t p = (i + n / 2) % n;
+    r.loss += (r.row_lse[i] - X(i, p)) / double(n);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double q = i == j ? 0.0 : dloss / double(n) * std::exp(X(i, j) - r.row_lse[i]);
+      const double t = j == p ? dloss / double(n) : 0.0;
+      G(i, j) = q - t;
+      Gabs(i, j) = std::fabs(q) + std::fabs(t);
+      r.dscale += G(i, j) * D(i, j);
+      r.dscale_mag += Gabs(i, j) * std::fabs(D(i, j));
+    }
+  }
+  Matrix dB(n, Z.cols);
+  detail::backprop(G, Z, Z, o.scale, r.dI, dB);
+  for (std::size_t k = 0; k < dB.v.size(); ++k) r.dI.v[k] += dB.v[k];
+  detail::magnitudes(r, Gabs, Z, Z, o.scale);
+  for (std::size_t k = 0; k < r.dA_mag.v.size(); ++k) r.dA_mag.v[k] += r.dB_mag.v[k];
+  r.dT = Matrix();
+  return r;
+}
+
+}  // namespace tlse::testing

@@ -1,0 +1,248 @@
+// Every documented bad input raises std::invalid_argument naming the argument and the values,
+// and leaves every output exactly as it was.
+#include "test_support.hpp"
+
+namespace {
+using namespace tlse::test;
+using C = Config<Kokkos::DefaultHostExecutionSpace, float>;
+using Exec = C::Exec;
+constexpr float sentinel = 1234.5f;
+
+/// Runs `call`, expects std::invalid_argument whose message contains every `needle`.
+template <class F>
+void expect_rejected(F call, std::initializer_list<const char*> needles) {
+  try {
+    call();
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    for (const char* n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\nmissing: " << n;
+  }
+}
+template <class V>
+void fill_sentinel(const V& v) {
+  Kokkos::deep_copy(v, sentinel);
+}
+template <class V>
+void expect_untouched(const V& v, const char* name) {
+  for (double x : to_host(v)) ASSERT_EQ(x, double(sentinel)) << name << " was written";
+}
+
+struct CeFixture : ::testing::Test {
+  std::mt19937_64 rng{42};
+  const std::int64_t N = 10, V = 20, D = 6;
+  C::MatrixView E = to_device<C>(random_matrix<float>(rng, N, D)), Cm = to_device<C>(random_matrix<float>(rng, V, D));
+  C::IndexView targets{"t", std::size_t(N)};
+  C::AccView loss{"loss", 1}, lse{"lse", std::size_t(N)}, dloss{"dloss", 1};
+  C::IntView order{"order", std::size_t(V)};
+  C::VectorView nobias;
+  C::MatrixView dE{"dE", std::size_t(N), std::size_t(D)}, dC{"dC", std::size_t(V), std::size_t(D)};
+  void SetUp() override {
+    Kokkos::deep_copy(targets, 3);
+    for (auto v : {loss, lse}) fill_sentinel(v);
+    fill_sentinel(dE);
+    fill_sentinel(dC);
+    Kokkos::deep_copy(order, -7);
+  }
+  void forward(const tlse::CrossEntropyOptions& o = {}) {
+    tlse::cross_entropy(Exec(), E, Cm, nobias, targets, loss, lse, order, o);
+  }
+  void untouched() {
+    expect_untouched(loss, "loss");
+    expect_untouched(lse, "lse");
+    for (double x : to_host(order)) ASSERT_EQ(x, -7.0);
+  }
+};
+
+TEST_F(CeFixture, TargetOutOfRangeNamesIndexAndValue) {
+  Kokkos::deep_copy(Kokkos::subview(targets, 7), 20);
+  expect_rejected([&] { forward(); }, {"tlse::cross_entropy", "'targets'", "targets[7] = 20", "[0, 20)", "ignore_index (-100)"});
+  untouched();
+  Kokkos::deep_copy(Kokkos::subview(targets, 7), -5);
+  expect_rejected([&] { forward(); }, {"targets[7] = -5"});
+  untouched();
+}
+
+TEST_F(CeFixture, TargetOutOfRangeInBackward) {
+  Kokkos::deep_copy(Kokkos::subview(targets, 2), 99);
+  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias); },
+                  {"tlse::cross_entropy_backward", "targets[2] = 99"});
+  expect_untouched(dE, "dE");
+  expect_untouched(dC, "dC");
+}
+
+TEST_F(CeFixture, FeatureDimensionMismatch) {
+  C::MatrixView C7("C7", V, D + 1);
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, C7, nobias, targets, loss, lse, order); }, {"'C'", "7 columns", "'E' has 6"});
+  untouched();
+}
+
+TEST_F(CeFixture, TargetsOfWrongLength) {
+  C::IndexView t("t", N - 1);
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, t, loss, lse, order); }, {"'targets'", "extent 9", "10"});
+  untouched();
+}
+
+TEST_F(CeFixture, LossExtentMustFollowReduction) {
+  tlse::CrossEntropyOptions o;
+  o.reduction = tlse::Reduction::none;
+  expect_rejected([&] { forward(o); }, {"'loss'", "extent 1", "Reduction::none", "10"});
+  untouched();
+}
+
+TEST_F(CeFixture, BadOptionValues) {
+  tlse::CrossEntropyOptions o;
+  o.shift = -1;
+  expect_rejected([&] { forward(o); }, {"'shift'", "-1"});
+  o = {};
+  o.softcap = -2;
+  expect_rejected([&] { forward(o); }, {"'softcap'", "-2"});
+  o = {};
+  o.z_loss = NAN;
+  expect_rejected([&] { forward(o); }, {"'z_loss'", "nan"});
+  o = {};
+  o.ignore_index = 4;
+  expect_rejected([&] { forward(o); }, {"'ignore_index'", "4"});
+  o = {};
+  o.filter_eps = 2;
+  expect_rejected([&] { forward(o); }, {"'filter_eps'", "2"});
+  untouched();
+}
+
+TEST_F(CeFixture, NonFiniteDetectedOnRequestOnly) {
+  Kokkos::deep_copy(Kokkos::subview(E, 4, 2), NAN);
+  tlse::CrossEntropyOptions o;
+  o.non_finite = tlse::NonFinite::detect;
+  expect_rejected([&] { forward(o); }, {"'E'", "NaN or Inf", "row 4, column 2"});
+  untouched();
+  forward();  // propagate: the row's loss is NaN, and so is the mean
+  EXPECT_TRUE(std::isnan(to_host(loss)[0]));
+}
+
+TEST_F(CeFixture, StridedAndColumnMajorViewsAreRejected) {
+  C::MatrixView wide("wide", N, 2 * D);
+  auto strided = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(std::int64_t(0), D));
+  expect_rejected([&] { tlse::cross_entropy(Exec(), strided, Cm, nobias, targets, loss, lse, order); },
+                  {"'E'", "row-major contiguous", "strides are (12, 1)"});
+  Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace> left("left", N, D);
+  expect_rejected([&] { tlse::cross_entropy(Exec(), left, Cm, nobias, targets, loss, lse, order); }, {"'E'", "strides are (1, 10)"});
+  untouched();
+}
+
+TEST_F(CeFixture, WorkspaceTooSmall) {
+  std::vector<char> small(64);
+  tlse::CrossEntropyOptions o;
+  o.workspace = {small.data(), small.size()};
+  expect_rejected([&] { forward(o); }, {"'workspace'", "holds 64 bytes", "needs"});
+  untouched();
+  // Exactly the advertised size works.
+  std::vector<char> ws(tlse::cross_entropy_workspace_bytes(Exec(), E, Cm, o));
+  o.workspace = {ws.data(), ws.size()};
+  forward(o);
+  EXPECT_TRUE(std::isfinite(to_host(loss)[0]));
+}
+
+TEST_F(CeFixture, BackwardShapeErrors) {
+  C::MatrixView dE_bad("dE", N, D + 2);
+  C::IntView natural_order;
+  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, natural_order, dloss, dE_bad, dC, nobias); },
+                  {"'dE'", "extent 8", "6"});
+  C::IntView bad_order("o", V);
+  Kokkos::deep_copy(bad_order, 25);
+  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, bad_order, dloss, dE, dC, nobias); },
+                  {"'vocab_order'", "vocab_order[0] = 25"});
+  C::AccView dloss_n("dl", N);
+  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, natural_order, dloss_n, dE, dC, nobias); },
+                  {"'dloss'", "extent 10", "a reduced loss", "1"});
+  expect_untouched(dE, "dE");
+  expect_untouched(dC, "dC");
+}
+
+TEST_F(CeFixture, EmptyBatchIsDefined) {
+  C::MatrixView E0("E0", 0, D);
+  C::IndexView t0("t0", 0);
+  C::AccView lse0("lse0", 0);
+  tlse::cross_entropy(Exec(), E0, Cm, nobias, t0, loss, lse0, order);
+  EXPECT_EQ(to_host(loss)[0], 0.0);
+  Kokkos::deep_copy(dloss, 1);
+  tlse::cross_entropy_backward(Exec(), E0, Cm, nobias, t0, lse0, order, dloss, C::MatrixView("dE0", 0, D), dC, nobias);
+  for (double x : to_host(dC)) ASSERT_EQ(x, 0.0);
+}
+
+struct ClFixture : ::testing::Test {
+  std::mt19937_64 rng{7};
+  const std::int64_t b = 12, c = 5;
+  C::MatrixView I = to_device<C>(random_matrix<float>(rng, b, c, 1, true)), T = to_device<C>(random_matrix<float>(rng, b, c, 1, true));
+  C::AccView loss{"loss", 1}, rl{"rl", std::size_t(b)}, cl{"cl", std::size_t(b)}, dscale{"ds", 1}, dloss{"dl", 1};
+  C::IntView none;
+  C::MatrixView dI{"dI", std::size_t(b), std::size_t(c)}, dT{"dT", std::size_t(b), std::size_t(c)};
+  void SetUp() override {
+    for (auto v : {loss, rl, cl, dscale}) fill_sentinel(v);
+    fill_sentinel(dI);
+    fill_sentinel(dT);
+  }
+  void untouched() {
+    expect_untouched(loss, "loss");
+    expect_untouched(rl, "row_lse");
+    expect_untouched(cl, "col_lse");
+    expect_untouched(dI, "dI");
+    expect_untouched(dT, "dT");
+    expect_untouched(dscale, "dscale");
+  }
+};
+
+TEST_F(ClFixture, RowCountsAndFeatureDimsMustMatch) {
+  C::MatrixView T11("T", b - 1, c), T6("T", b, c + 1);
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T11, none, loss, rl, cl); }, {"'T'", "11 rows", "'I' has 12"});
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T6, none, loss, rl, cl); }, {"'T'", "6 columns", "'I' has 5"});
+  untouched();
+}
+
+TEST_F(ClFixture, ScaleMustBeFiniteAndNonNegative) {
+  for (double s : {-1.0, double(NAN), double(INFINITY)}) {
+    tlse::ContrastiveOptions o;
+    o.scale = s;
+    expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, none, loss, rl, cl, o); }, {"'scale'", "finite and >= 0"});
+    expect_rejected([&] { tlse::contrastive_loss_backward(Exec(), I, T, none, rl, cl, dloss, dI, dT, dscale, o); }, {"'scale'"});
+  }
+  untouched();
+}
+
+TEST_F(ClFixture, LabelsOutOfRange) {
+  C::IntView labels("labels", b);
+  Kokkos::deep_copy(Kokkos::subview(labels, 5), 12);
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, labels, loss, rl, cl); }, {"'labels'", "labels[5] = 12", "[0, 12)"});
+  untouched();
+}
+
+TEST_F(ClFixture, BackwardNeedsTheSavedLse) {
+  C::AccView short_lse("rl", b - 2);
+  expect_rejected([&] { tlse::contrastive_loss_backward(Exec(), I, T, none, short_lse, cl, dloss, dI, dT, dscale); },
+                  {"'row_lse'", "extent 10", "12"});
+  untouched();
+}
+
+TEST_F(ClFixture, NonFiniteFeaturesDetectedOnRequest) {
+  Kokkos::deep_copy(Kokkos::subview(T, 3, 4), INFINITY);
+  tlse::ContrastiveOptions o;
+  o.non_finite = tlse::NonFinite::detect;
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, none, loss, rl, cl, o); }, {"'T'", "row 3, column 4"});
+  untouched();
+}
+
+TEST_F(ClFixture, SelfSimilarityNeedsAnEvenRowCount) {
+  C::MatrixView Z("Z", 7, c);
+  expect_rejected([&] { tlse::self_contrastive_loss(Exec(), Z, loss, rl); }, {"'Z'", "7 rows", "2B"});
+  untouched();
+}
+
+TEST(LinearLseBadInput, ValidColumnsOutOfRange) {
+  C::MatrixView A("A", 3, 2), B("B", 4, 2);
+  C::AccView lse("lse", 3);
+  Kokkos::deep_copy(lse, sentinel);
+  tlse::LinearLseOptions o;
+  o.valid_cols = 5;
+  expect_rejected([&] { tlse::linear_lse(Exec(), A, B, lse, o); }, {"'valid_cols'", "5", "[-1, 4]"});
+  expect_untouched(lse, "lse");
+}
+
+}  // namespace

@@ -1,0 +1,317 @@
+// Cross-entropy (CCE) against the float64 materialized reference, for every option.
+#include "test_support.hpp"
+
+namespace {
+using namespace tlse::test;
+
+struct CeCase {
+  std::int64_t N, V, D;
+  tlse::CrossEntropyOptions o;
+  double logit_std = 4.0;         // std of the logits (C is scaled to reach it)
+  double ignore_fraction = 0.0;   // share of targets set to ignore_index
+  bool bias = false;
+  bool neg_inf_bias = false;      // mask some non-target classes with a -inf bias
+  bool int32_targets = false;
+};
+
+template <class C>
+struct CrossEntropy : ::testing::Test {
+  using T = typename C::Scalar;
+  using Acc = typename C::Acc;
+
+  struct Inputs {
+    Matrix E, W;  // embeddings and classifier
+    std::vector<double> bias;
+    std::vector<std::int64_t> targets;
+  };
+
+  static Inputs make_inputs(std::mt19937_64& rng, const CeCase& k) {
+    Inputs in;
+    in.E = random_matrix<T>(rng, k.N, k.D);
+    in.W = random_matrix<T>(rng, k.V, k.D, k.logit_std / std::sqrt(double(k.D)));
+    std::uniform_int_distribution<std::int64_t> cls(0, std::max<std::int64_t>(k.V - 1, 0));
+    std::uniform_real_distribution<double> unit(0, 1);
+    for (std::int64_t i = 0; i < k.N; ++i)
+      in.targets.push_back(unit(rng) < k.ignore_fraction ? k.o.ignore_index : cls(rng));
+    if (k.bias || k.neg_inf_bias) {
+      std::normal_distribution<double> d(0, 1);
+      for (std::int64_t j = 0; j < k.V; ++j) in.bias.push_back(representable<T>(k.bias ? d(rng) : 0.0));
+      if (k.neg_inf_bias)
+        for (std::int64_t j = 0; j < k.V; j += 3) {
+          bool is_target = false;
+          for (auto t : in.targets) is_target |= t == j;
+          if (!is_target) in.bias[j] = -INFINITY;
+        }
+    }
+    return in;
+  }
+
+  /// Runs forward and backward, compares with the reference; returns the outputs for reuse.
+  static void check(const CeCase& k, std::mt19937_64& rng) {
+    const Inputs in = make_inputs(rng, k);
+    const auto& o = k.o;
+    auto E = to_device<C>(in.E, "E");
+    auto Cm = to_device<C>(in.W, "C");
+    auto bias = vector_to_device<typename C::VectorView>(in.bias, "bias");
+    const bool none = o.reduction == tlse::Reduction::none;
+    typename C::AccView loss("loss", none ? k.N : 1), lse("lse", k.N);
+    typename C::IntView order("order", k.V);
+    typename C::Exec exec;
+    if (k.int32_targets)
+      tlse::cross_entropy(exec, E, Cm, bias, index_to_device<typename C::IntView>(in.targets), loss, lse, order, o);
+    else
+      tlse::cross_entropy(exec, E, Cm, bias, index_to_device<typename C::IndexView>(in.targets), loss, lse, order, o);
+
+    std::vector<double> dloss(none ? k.N : 1);
+    std::uniform_real_distribution<double> up(0.5, 1.5);
+    for (auto& v : dloss) v = representable<Acc>(up(rng));
+    const auto ref = tlse::testing::cross_entropy_reference(in.E, in.W, in.bias, in.targets, o, dloss);
+
+    Tolerance<T> tol(in.E, in.W, 1.0, max_abs_finite(in.bias) + o.softcap);
+    const double lse_max = max_abs(ref.lse);
+    const double g_max = (1 + 2 * o.z_loss * lse_max) * max_abs(dloss) / (o.reduction == tlse::Reduction::mean && ref.active ? ref.active : 1);
+    const auto got_lse = to_host(lse);
+    expect_close("lse", got_lse, ref.lse, [&](std::size_t i) { return tol.lse(ref.lse[i], k.V); });
+    const double loss_tol_row = 2 * tol.lse(lse_max, k.V) * (1 + 2 * o.z_loss * lse_max);
+    if (none)
+      expect_close("loss", to_host(loss), ref.row_loss, [&](std::size_t) { return loss_tol_row; });
+    else
+      expect_close("loss", to_host(loss), {ref.loss}, [&](std::size_t) {
+        return loss_tol_row * (o.reduction == tlse::Reduction::sum ? double(std::max<std::int64_t>(ref.active, 1)) : 1.0) +
+               4 * tol.u * std::fabs(ref.loss) * std::sqrt(double(k.N) + 1);
+      });
+
+    // Backward, from the forward's saved LSE and vocabulary order.
+    typename C::MatrixView dE("dE", k.N, k.D), dC("dC", k.V, k.D);
+    typename C::VectorView dbias("dbias", in.bias.empty() ? 0 : k.V);
+    auto dl = vector_to_device<typename C::AccView>(dloss, "dloss");
+    tlse::cross_entropy_backward(exec, E, Cm, bias, index_to_device<typename C::IndexView>(in.targets), lse, order, dl,
+                                 dE, dC, dbias, o);
+    const double eps = tlse::impl::resolved_filter_eps<T>(o);
+    // Gradient filtering drops terms |g_i| p_ij |C_jk| with p_ij < eps: bounded by eps |g_i| sum_j |C_jk|.
+    std::vector<double> colsum_C(k.D, 0.0), colsum_E(k.D, 0.0);
+    for (std::int64_t j = 0; j < k.V; ++j)
+      for (std::int64_t d = 0; d < k.D; ++d) colsum_C[d] += std::fabs(in.W(j, d));
+    for (std::int64_t i = 0; i < k.N; ++i)
+      for (std::int64_t d = 0; d < k.D; ++d) colsum_E[d] += std::fabs(in.E(i, d));
+    const auto got_dE = to_host(dE), got_dC = to_host(dC);
+    expect_close("dE", got_dE, ref.dE.v, [&](std::size_t i) {
+      return tol.grad(ref.dE.v[i], ref.dA_mag.v[i], k.V) + eps * g_max * colsum_C[i % k.D];
+    });
+    expect_close("dC", got_dC, ref.dC.v, [&](std::size_t i) {
+      return tol.grad(ref.dC.v[i], ref.dB_mag.v[i], k.N) + eps * g_max * colsum_E[i % k.D];
+    });
+    if (!in.bias.empty())
+      expect_close("dbias", to_host(dbias), ref.dbias,
+                   [&](std::size_t j) { return tol.grad(ref.dbias[j], ref.dbias_mag[j], k.N); });
+  }
+
+  static double max_abs_finite(const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v)
+      if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+    return m;
+  }
+};
+TYPED_TEST_SUITE(CrossEntropy, TLSE_TEST_CONFIGS, ConfigName);
+
+tlse::CrossEntropyOptions exact() {
+  tlse::CrossEntropyOptions o;
+  o.filter_eps = 0;
+  return o;
+}
+
+TYPED_TEST(CrossEntropy, MeanOverPrimeShapes) {
+  TLSE_SEEDED(rng);
+  this->check({61, 127, 37, exact()}, rng);
+}
+
+TYPED_TEST(CrossEntropy, SingleRowSingleClassUnitDepth) {
+  TLSE_SEEDED(rng);
+  this->check({1, 1, 1, exact()}, rng);
+  this->check({1, 3, 1, exact()}, rng);
+}
+
+TYPED_TEST(CrossEntropy, DepthSweepOneTo2048) {
+  TLSE_SEEDED(rng);
+  for (std::int64_t D : {1, 2, 31, 33, 100, 2048}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    this->check({19, 45, D, exact()}, rng);
+  }
+}
+
+TYPED_TEST(CrossEntropy, EachReduction) {
+  TLSE_SEEDED(rng);
+  for (auto r : {tlse::Reduction::none, tlse::Reduction::sum, tlse::Reduction::mean}) {
+    auto o = exact();
+    o.reduction = r;
+    SCOPED_TRACE("reduction " + std::to_string(int(r)));
+    this->check({33, 70, 17, o, 4.0, 0.25}, rng);
+  }
+}
+
+TYPED_TEST(CrossEntropy, BiasSoftcapZLossShift) {
+  TLSE_SEEDED(rng);
+  auto o = exact();
+  o.softcap = 30;
+  o.z_loss = 1e-4;
+  o.shift = 1;
+  this->check({40, 93, 24, o, 4.0, 0.1, true}, rng);
+}
+
+TYPED_TEST(CrossEntropy, ShiftLongerThanBatchIgnoresEverything) {
+  TLSE_SEEDED(rng);
+  auto o = exact();
+  o.shift = 50;
+  this->check({7, 20, 8, o}, rng);
+}
+
+TYPED_TEST(CrossEntropy, MostlyAndAllIgnored) {
+  TLSE_SEEDED(rng);
+  this->check({97, 50, 16, exact(), 4.0, 0.95}, rng);
+  this->check({45, 50, 16, exact(), 4.0, 1.0}, rng);  // mean over no rows: loss 0, grads 0
+  auto o = exact();
+  o.ignore_index = -1;
+  o.reduction = tlse::Reduction::none;
+  this->check({45, 50, 16, o, 4.0, 0.5, false, false, true}, rng);
+}
+
+TYPED_TEST(CrossEntropy, ExtremeLogitsNear1e4) {
+  TLSE_SEEDED(rng);
+  // logit std 1e4 at depth 8: entries near +-1e4, a fully saturated softmax.
+  this->check({29, 41, 8, exact(), 1e4}, rng);
+}
+
+TYPED_TEST(CrossEntropy, NegativeInfinityMasks) {
+  TLSE_SEEDED(rng);
+  this->check({31, 64, 12, exact(), 4.0, 0.0, false, true}, rng);
+}
+
+TYPED_TEST(CrossEntropy, DefaultGradientFilterStaysWithinBound) {
+  TLSE_SEEDED(rng);
+  tlse::CrossEntropyOptions o;  // filter_eps_auto
+  this->check({70, 300, 32, o, 6.0, 0.1, true}, rng);
+}
+
+TYPED_TEST(CrossEntropy, VocabularyOrderDoesNotChangeTheResult) {
+  using C = TypeParam;
+  TLSE_SEEDED(rng);
+  const std::int64_t N = 50, V = 111, D = 20;
+  auto E = to_device<C>(random_matrix<typename C::Scalar>(rng, N, D), "E");
+  auto Cm = to_device<C>(random_matrix<typename C::Scalar>(rng, V, D, 1.0), "C");
+  std::vector<int> t(N);
+  for (auto& x : t) x = int(rng() % V);
+  auto targets = index_to_device<typename C::IntView>(t);
+  typename C::AccView loss("loss", 1), lse("lse", N), dloss("dloss", 1);
+  typename C::IntView order("order", V), none;
+  Kokkos::deep_copy(dloss, 1);
+  typename C::VectorView nobias;
+  auto o = exact();
+  typename C::Exec exec;
+  tlse::cross_entropy(exec, E, Cm, nobias, targets, loss, lse, order, o);
+  typename C::MatrixView dE1("dE1", N, D), dC1("dC1", V, D), dE2("dE2", N, D), dC2("dC2", V, D);
+  tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, order, dloss, dE1, dC1, nobias, o);
+  tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, none, dloss, dE2, dC2, nobias, o);
+  // dC rows are summed over the same rows in the same order: bitwise equal. dE sums classes
+  // in another order: equal up to rounding.
+  EXPECT_EQ(to_host(dC1), to_host(dC2));
+  const auto a = to_host(dE1), b = to_host(dE2);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-2 * (std::fabs(b[i]) + 1e-3)) << i;
+  // The order is a permutation with the likeliest classes first.
+  auto h = to_host(order);
+  std::vector<double> sorted = h;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::int64_t j = 0; j < V; ++j) ASSERT_EQ(sorted[j], double(j));
+}
+
+TYPED_TEST(CrossEntropy, BitwiseDeterministic) {
+  using C = TypeParam;
+  TLSE_SEEDED(rng);
+  const std::int64_t N = 77, V = 130, D = 45;
+  auto E = to_device<C>(random_matrix<typename C::Scalar>(rng, N, D), "E");
+  auto Cm = to_device<C>(random_matrix<typename C::Scalar>(rng, V, D, 0.7), "C");
+  std::vector<std::int64_t> t(N);
+  for (auto& x : t) x = std::int64_t(rng() % V);
+  auto targets = index_to_device<typename C::IndexView>(t);
+  typename C::VectorView nobias;
+  typename C::Exec exec;
+  auto run = [&] {
+    typename C::AccView loss("loss", 1), lse("lse", N), dloss("dloss", 1);
+    typename C::IntView order("order", V);
+    Kokkos::deep_copy(dloss, 1);
+    typename C::MatrixView dE("dE", N, D), dC("dC", V, D);
+    tlse::CrossEntropyOptions o;
+    tlse::cross_entropy(exec, E, Cm, nobias, targets, loss, lse, order, o);
+    tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias, o);
+    return std::vector<std::vector<double>>{to_host(loss), to_host(lse), to_host(dE), to_host(dC)};
+  };
+  const auto first = run(), second = run();
+  for (std::size_t k = 0; k < first.size(); ++k) EXPECT_EQ(0, std::memcmp(first[k].data(), second[k].data(), first[k].size() * sizeof(double))) << k;
+}
+
+TYPED_TEST(CrossEntropy, AccumulateAddsToExistingGradients) {
+  using C = TypeParam;
+  using T = typename C::Scalar;
+  if (!std::is_same<T, double>::value) GTEST_SKIP() << "checked exactly in double";
+  TLSE_SEEDED(rng);
+  const std::int64_t N = 23, V = 40, D = 9;
+  const Matrix Eh = random_matrix<T>(rng, N, D), Ch = random_matrix<T>(rng, V, D);
+  auto E = to_device<C>(Eh, "E");
+  auto Cm = to_device<C>(Ch, "C");
+  std::vector<std::int64_t> t(N);
+  for (auto& x : t) x = std::int64_t(rng() % V);
+  auto targets = index_to_device<typename C::IndexView>(t);
+  typename C::VectorView nobias;
+  typename C::IntView none;
+  typename C::AccView loss("loss", 1), lse("lse", N), dloss("dloss", 1);
+  Kokkos::deep_copy(dloss, 1);
+  typename C::Exec exec;
+  auto o = exact();
+  tlse::cross_entropy(exec, E, Cm, nobias, targets, loss, lse, none, o);
+  auto dE = to_device<C>(Eh, "dE");  // start from E itself
+  o.accumulate = true;
+  tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, none, dloss, dE, typename C::MatrixView(), nobias, o);
+  const auto ref = tlse::testing::cross_entropy_reference(Eh, Ch, {}, t, o, {1.0});
+  const auto got = to_host(dE);
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], Eh.v[i] + ref.dE.v[i], 1e-12) << i;
+}
+
+TYPED_TEST(CrossEntropy, FiniteDifferenceSpotCheck) {
+  using C = TypeParam;
+  using T = typename C::Scalar;
+  if (!std::is_same<T, double>::value) GTEST_SKIP() << "finite differences need float64";
+  TLSE_SEEDED(rng);
+  const std::int64_t N = 11, V = 29, D = 7;
+  Matrix Eh = random_matrix<T>(rng, N, D), Ch = random_matrix<T>(rng, V, D);
+  std::vector<std::int64_t> t(N);
+  for (auto& x : t) x = std::int64_t(rng() % V);
+  auto targets = index_to_device<typename C::IndexView>(t);
+  typename C::VectorView nobias;
+  typename C::IntView none;
+  typename C::Exec exec;
+  auto o = exact();
+  o.softcap = 5;
+  o.z_loss = 0.01;
+  auto loss_at = [&](const Matrix& e, const Matrix& c) {
+    typename C::AccView loss("loss", 1), lse("lse", N);
+    tlse::cross_entropy(exec, to_device<C>(e), to_device<C>(c), nobias, targets, loss, lse, none, o);
+    return to_host(loss)[0];
+  };
+  typename C::AccView loss("loss", 1), lse("lse", N), dloss("dloss", 1);
+  Kokkos::deep_copy(dloss, 1);
+  auto E = to_device<C>(Eh), Cm = to_device<C>(Ch);
+  tlse::cross_entropy(exec, E, Cm, nobias, targets, loss, lse, none, o);
+  typename C::MatrixView dE("dE", N, D), dC("dC", V, D);
+  tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, none, dloss, dE, dC, nobias, o);
+  const auto gE = to_host(dE), gC = to_host(dC);
+  const double h = 1e-6;
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::int64_t i = rng() % N, j = rng() % V, d = rng() % D;
+    Matrix ep = Eh, em = Eh, cp = Ch, cm = Ch;
+    ep(i, d) += h, em(i, d) -= h, cp(j, d) += h, cm(j, d) -= h;
+    EXPECT_NEAR(gE[i * D + d], (loss_at(ep, Ch) - loss_at(em, Ch)) / (2 * h), 1e-6);
+    EXPECT_NEAR(gC[j * D + d], (loss_at(Eh, cp) - loss_at(Eh, cm)) / (2 * h), 1e-6);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,110 @@
+// The primitive: linear LSE forward and backward against the float64 reference.
+#include "test_support.hpp"
+
+namespace {
+using namespace tlse::test;
+
+template <class C>
+struct LinearLse : ::testing::Test {
+  using T = typename C::Scalar;
+  using Acc = typename C::Acc;
+
+  static void check(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols, std::int64_t depth,
+                    tlse::LinearLseOptions o, bool bias = false, double stddev = 1.0) {
+    const Matrix A = random_matrix<T>(rng, rows, depth, stddev), B = random_matrix<T>(rng, cols, depth);
+    std::vector<double> b, dlse(rows);
+    std::normal_distribution<double> d(0, 1);
+    if (bias)
+      for (std::int64_t j = 0; j < cols; ++j) b.push_back(representable<T>(d(rng)));
+    for (auto& v : dlse) v = representable<Acc>(d(rng));
+    const auto ref = tlse::testing::linear_lse_reference(A, B, b, o, dlse);
+
+    auto Ad = to_device<C>(A, "A"), Bd = to_device<C>(B, "B");
+    auto bias_d = vector_to_device<typename C::VectorView>(b, "bias");
+    typename C::AccView lse("lse", rows);
+    typename C::Exec exec;
+    tlse::linear_lse(exec, Ad, Bd, bias_d, lse, o);
+    typename C::MatrixView dA("dA", rows, depth), dB("dB", cols, depth);
+    tlse::linear_lse_backward(exec, Ad, Bd, bias_d, lse, vector_to_device<typename C::AccView>(dlse), dA, dB, o);
+
+    Tolerance<T> tol(A, B, o.scale, bias ? 4.0 : 0.0);
+    const auto got = to_host(lse);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      if (std::isinf(ref.lse[i])) {
+        EXPECT_EQ(got[i], ref.lse[i]) << "fully masked row " << i;
+      } else {
+        EXPECT_NEAR(got[i], ref.lse[i], tol.lse(ref.lse[i], cols)) << "row " << i;
+      }
+    }
+    auto g = [&](std::int64_t n) { return [&tol, n](double r, double m) { return tol.grad(r, m, n); }; };
+    expect_grad_close("dA", to_host(dA), ref.dA, ref.dA_mag, g(cols));
+    expect_grad_close("dB", to_host(dB), ref.dB, ref.dB_mag, g(rows));
+  }
+};
+TYPED_TEST_SUITE(LinearLse, TLSE_TEST_CONFIGS, ConfigName);
+
+TYPED_TEST(LinearLse, PrimeShapes) {
+  TLSE_SEEDED(rng);
+  tlse::LinearLseOptions o;
+  o.scale = 0.37;
+  this->check(rng, 73, 89, 41, o);
+  this->check(rng, 1, 1, 1, o);
+  this->check(rng, 2, 97, 2048, o);
+}
+
+TYPED_TEST(LinearLse, BiasDiagonalAndValidColumns) {
+  TLSE_SEEDED(rng);
+  tlse::LinearLseOptions o;
+  o.exclude_diagonal = true;
+  o.diagonal_offset = 3;
+  o.valid_cols = 50;
+  this->check(rng, 45, 64, 12, o, true);
+}
+
+TYPED_TEST(LinearLse, NoValidColumnGivesMinusInfinity) {
+  TLSE_SEEDED(rng);
+  tlse::LinearLseOptions o;
+  o.valid_cols = 0;
+  this->check(rng, 5, 9, 3, o);
+}
+
+TYPED_TEST(LinearLse, ExtremeLogits) {
+  TLSE_SEEDED(rng);
+  tlse::LinearLseOptions o;
+  o.scale = 2e3;  // |x| up to ~1e4 at depth 4
+  this->check(rng, 30, 31, 4, o);
+}
+
+TYPED_TEST(LinearLse, AccumulateAddsToExistingGradients) {
+  using C = TypeParam;
+  using T = typename C::Scalar;
+  if (!std::is_same<T, double>::value) GTEST_SKIP() << "checked exactly in double";
+  TLSE_SEEDED(rng);
+  const Matrix A = random_matrix<T>(rng, 20, 6), B = random_matrix<T>(rng, 33, 6);
+  std::vector<double> dlse(20, 1.0);
+  tlse::LinearLseOptions o;
+  const auto ref = tlse::testing::linear_lse_reference(A, B, {}, o, dlse);
+  auto Ad = to_device<C>(A), Bd = to_device<C>(B);
+  typename C::AccView lse("lse", 20);
+  typename C::Exec exec;
+  tlse::linear_lse(exec, Ad, Bd, lse, o);
+  auto dA = to_device<C>(A), dB = to_device<C>(B);
+  o.accumulate = true;
+  typename C::VectorView nobias;
+  tlse::linear_lse_backward(exec, Ad, Bd, nobias, lse, vector_to_device<typename C::AccView>(dlse), dA, dB, o);
+  const auto ga = to_host(dA), gb = to_host(dB);
+  for (std::size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(ga[i], A.v[i] + ref.dA.v[i], 1e-12);
+  for (std::size_t i = 0; i < gb.size(); ++i) EXPECT_NEAR(gb[i], B.v[i] + ref.dB.v[i], 1e-12);
+}
+
+TYPED_TEST(LinearLse, NanInputsPropagate) {
+  using C = TypeParam;
+  TLSE_SEEDED(rng);
+  Matrix A = random_matrix<typename C::Scalar>(rng, 4, 3), B = random_matrix<typename C::Scalar>(rng, 40, 3);
+  B(37, 1) = NAN;
+  typename C::AccView lse("lse", 4);
+  tlse::linear_lse(typename C::Exec(), to_device<C>(A), to_device<C>(B), lse);
+  for (double v : to_host(lse)) EXPECT_TRUE(std::isnan(v));
+}
+
+}  // namespace
