@@ -3,7 +3,8 @@
 # Kokkos 3.4.01 + Kokkos Kernels 3.4.01 from Debian's `trilinos` source package into a cache
 # outside the clone, keyed by version and backend, reused when present.
 #
-#   scripts/bootstrap.sh            host backend (OpenMP + Serial); prints the Kokkos prefix last
+#   scripts/bootstrap.sh                     host backend (OpenMP + Serial); prints the Kokkos prefix last
+#   TLSE_BACKEND=cuda scripts/bootstrap.sh   CUDA 11.8 from Debian non-free + Kokkos for CUDA (sm_90 code)
 #   Kokkos_ROOT=/opt/kokkos scripts/bootstrap.sh   use an existing Kokkos (3.4 or newer) instead
 #
 # Environment: TLSE_CACHE (default ~/.cache/tiledlse), TLSE_SKIP_APT=1 to skip apt-get.
@@ -21,19 +22,19 @@ debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
                  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
                  python3 python3-numpy python3-matplotlib)
 
-# Writes apt sources for deb-src (main) derived from the machine's own Debian entry,
-# so no archive host is typed here.
+# Writes apt sources derived from the machine's own Debian entry, so no archive host is typed
+# here: $2 = Types (e.g. "deb-src"), $3 = Components.
 private_apt_sources() {
-  local src=/etc/apt/sources.list.d/debian.sources out=$1
+  local src=/etc/apt/sources.list.d/debian.sources out=$1 types=$2 components=$3
   [ -r "$src" ] || { log "no $src: cannot derive a deb-src entry"; return 1; }
   local uri suites
   uri=$(awk '/^URIs:/{print $2; exit}' "$src")
   suites=$(awk '/^Suites:/{sub(/^Suites: */,""); print; exit}' "$src")
   cat >"$out" <<SRC
-Types: deb deb-src
+Types: $types
 URIs: $uri
 Suites: $suites
-Components: main
+Components: $components
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
 }
@@ -54,7 +55,7 @@ trilinos_tarball() {
   tarball=$dir/trilinos_$TRILINOS_VERSION.orig.tar.gz
   if [ ! -s "$tarball" ]; then
     mkdir -p "$dir/apt-lists/partial"
-    private_apt_sources "$dir/debian-src.sources"
+    private_apt_sources "$dir/debian-src.sources" "deb deb-src" main
     # apt reads deb822 files only from sourceparts: give it a folder holding just ours.
     mkdir -p "$dir/parts"; cp "$dir/debian-src.sources" "$dir/parts/"
     local opts=(-o Dir::Etc::sourcelist=/dev/null -o "Dir::Etc::sourceparts=$dir/parts"
@@ -83,6 +84,29 @@ build_kokkos() {
                -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX="$prefix")
   case $backend in
     openmp) flags+=(-DCMAKE_CXX_COMPILER=g++ -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON) ;;
+    cuda)
+      # Kokkos 3.4 knows no Hopper arch and nvcc_wrapper refuses two -arch flags: configure for
+      # Ampere and let a wrapper rewrite the arch to sm_90 (TOOLCHAIN.md).
+      mkdir -p "$prefix/bin"
+      cp "$src/packages/kokkos/bin/nvcc_wrapper" "$prefix/bin/nvcc_wrapper"
+      cat >"$prefix/bin/nvcc_sm90" <<'WRAP'
+#!/usr/bin/env bash
+args=()
+for a in "$@"; do args+=("${a//sm_80/sm_90}"); done
+exec "$(dirname "$0")/nvcc_wrapper" "${args[@]}"
+WRAP
+      chmod +x "$prefix/bin/nvcc_sm90"
+      # Some images link CUDA 13's headers into /usr/local/include, which the host compiler
+      # searches before /usr/include: a folder of links back to 11.8's headers, put first on
+      # every compile line by the wrapper, restores them.
+      rm -rf "$prefix/cuda-11.8-include" && mkdir -p "$prefix/cuda-11.8-include"
+      for f in /usr/local/include/*; do
+        [ -e "/usr/include/${f##*/}" ] && ln -s "/usr/include/${f##*/}" "$prefix/cuda-11.8-include/"
+      done
+      sed -i "s|^exec .*|exec \"\$(dirname \"\$0\")/nvcc_wrapper\" -I$prefix/cuda-11.8-include \"\${args[@]}\"|" "$prefix/bin/nvcc_sm90"
+      flags+=(-DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_sm90" -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_CUDA_LAMBDA=ON
+              -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_AMPERE80=ON -DCUDAToolkit_ROOT=/usr
+              -DCUDAToolkit_INCLUDE_DIR=/usr/include -DCUDA_ROOT=/usr) ;;
     *) log "unknown TLSE_BACKEND=$backend"; exit 2 ;;
   esac
   log "building Kokkos $KOKKOS_VERSION ($backend) into $prefix"
@@ -97,7 +121,28 @@ build_kokkos() {
   touch "$prefix/.complete"
 }
 
+# CUDA 11.8 and its host compiler come from Debian's non-free component.
+install_cuda() {
+  command -v /usr/lib/nvidia-cuda-toolkit/bin/nvcc >/dev/null && dpkg -s g++-11 >/dev/null 2>&1 && return 0
+  [ "${TLSE_SKIP_APT:-0}" = 1 ] && { log "CUDA 11.8 is missing and TLSE_SKIP_APT=1"; exit 1; }
+  local dir=$cache/apt-nonfree
+  mkdir -p "$dir/parts" "$dir/lists/partial"
+  private_apt_sources "$dir/parts/debian-nonfree.sources" deb "main contrib non-free"
+  local opts=(-o Dir::Etc::sourcelist=/dev/null -o "Dir::Etc::sourceparts=$dir/parts"
+              -o "Dir::State::Lists=$dir/lists" -o APT::Sandbox::User=root)
+  log "installing CUDA 11.8 (nvidia-cuda-toolkit) and g++-11 from Debian non-free (a few minutes)"
+  apt-get "${opts[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -qq --no-install-recommends \
+    nvidia-cuda-toolkit g++-11 >/dev/null
+}
+
 apt_install "${debian_packages[@]}"
+if [ "$backend" = cuda ]; then
+  install_cuda
+  # The image's CUDA 13 must not shadow 11.8's tools (its ptxas would be picked up).
+  export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
+  export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
+fi
 if [ -n "${Kokkos_ROOT:-}" ]; then
   log "using the given Kokkos_ROOT=$Kokkos_ROOT"
   echo "$Kokkos_ROOT"

@@ -2,8 +2,7 @@
 // Every difference between Kokkos 3.4 (what Debian ships) and Kokkos 4.x that TiledLSE
 // touches lives here, so the rest of the code is written once.
 #include <Kokkos_Core.hpp>
-
-#include <limits>
+#include <Kokkos_NumericTraits.hpp>
 
 namespace tlse::impl {
 
@@ -26,8 +25,13 @@ KOKKOS_INLINE_FUNCTION bool isfinite(T x) { return kmath::isfinite(x); }
 template <class T>
 KOKKOS_INLINE_FUNCTION T fabs(T x) { return x < T(0) ? -x : x; }
 
+/// Usable in device code without --expt-relaxed-constexpr (std::numeric_limits is host-only there).
 template <class T>
-KOKKOS_INLINE_FUNCTION constexpr T infinity() { return std::numeric_limits<T>::infinity(); }
+KOKKOS_INLINE_FUNCTION constexpr T infinity() { return Kokkos::Experimental::infinity<T>::value; }
+
+/// std::min is a host function for nvcc; kernels use this one.
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T min(T a, T b) { return b < a ? b : a; }
 
 /// True when the execution space runs on the host (Serial, OpenMP, Threads, ...).
 template <class Exec>

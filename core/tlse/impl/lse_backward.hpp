@@ -69,7 +69,7 @@ struct BackwardTiles {
     const Side<T>& own = owned();
     const Side<T>& oth = other();
     const index_t o0 = index_t(member.league_rank()) * TM;
-    const int mo = int(std::min<index_t>(TM, own.count - o0));
+    const int mo = int(impl::min<index_t>(TM, own.count - o0));
 
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, acc_len), [&](index_t i) { acc[i] = 0; });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TM), [&](int i) {
@@ -77,7 +77,7 @@ struct BackwardTiles {
       own_dbias[i] = 0;
     });
     for (index_t x0 = 0; x0 < oth.count; x0 += TN) {
-      const int mx = int(std::min<index_t>(TN, oth.count - x0));
+      const int mx = int(impl::min<index_t>(TN, oth.count - x0));
       dot_tile<Tile>(member, own, o0, oth, x0, depth, sc);
       // S[o][x] <- scale * dL/dz, zero outside the matrix; count significant entries.
       int significant = 0;

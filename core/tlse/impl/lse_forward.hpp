@@ -59,17 +59,17 @@ struct ForwardTiles {
     Acc* run_max = static_cast<Acc*>(member.team_scratch(0).get_shmem(sizeof(Acc) * TM));
     Acc* run_sum = static_cast<Acc*>(member.team_scratch(0).get_shmem(sizeof(Acc) * TM));
     const index_t nr = prob.rows.count, nc = prob.cols.count;
-    const index_t c_begin = cb * grid.col_tiles * TN, c_end = std::min<index_t>(nc, c_begin + grid.col_tiles * TN);
+    const index_t c_begin = cb * grid.col_tiles * TN, c_end = impl::min<index_t>(nc, c_begin + grid.col_tiles * TN);
     for (index_t rt = 0; rt < grid.row_tiles; ++rt) {
       const index_t r0 = (rb * grid.row_tiles + rt) * TM;
       if (r0 >= nr) break;
-      const int mr = int(std::min<index_t>(TM, nr - r0));
+      const int mr = int(impl::min<index_t>(TM, nr - r0));
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TM), [&](int i) {
         run_max[i] = -infinity<Acc>();
         run_sum[i] = 0;
       });
       for (index_t c0 = c_begin; c0 < c_end; c0 += TN) {
-        const int mc = int(std::min<index_t>(TN, c_end - c0));
+        const int mc = int(impl::min<index_t>(TN, c_end - c0));
         dot_tile<Tile>(member, prob.rows, r0, prob.cols, c0, prob.depth, sc);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TM * TN), [&](int idx) {
           const int i = idx / TN, j = idx % TN;
