@@ -1,7 +1,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 install(TARGETS tiledlse EXPORT TiledLSETargets)
-install(DIRECTORY core/tlse DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY core/tlse backends/cuda/tlse DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT TiledLSETargets NAMESPACE TiledLSE:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/TiledLSE)
 configure_package_config_file(cmake/TiledLSEConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/TiledLSEConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/TiledLSE)

@@ -13,14 +13,14 @@ export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
 unset LIBRARY_PATH CUDA_HOME
 build=$root/build-cuda
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
-  -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON >/dev/null
+  -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 [ "${1:-}" = --compile-only ] && exit 0
 
 carry=$build/carry
 rm -rf "$carry" && mkdir -p "$carry"
 find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' -exec cp {} "$carry/" \;
-for exe in apps/tlse perf_tests/loss_benchmarks; do
+for exe in apps/tlse perf_tests/tlse_benchmarks perf_tests/forward_timing; do
   [ -x "$build/$exe" ] && cp "$build/$exe" "$carry/"
 done
 strip "$carry"/* 2>/dev/null || true

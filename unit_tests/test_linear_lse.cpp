@@ -52,6 +52,16 @@ TYPED_TEST(LinearLse, PrimeShapes) {
   this->check(rng, 2, 97, 2048, o);
 }
 
+TYPED_TEST(LinearLse, SeveralTensorCoreTiles) {
+  TLSE_SEEDED(rng);
+  tlse::LinearLseOptions o;
+  o.scale = 0.6;
+  this->check(rng, 300, 700, 64, o);
+  o.exclude_diagonal = true;
+  o.valid_cols = 650;
+  this->check(rng, 257, 700, 16, o, true);
+}
+
 TYPED_TEST(LinearLse, BiasDiagonalAndValidColumns) {
   TLSE_SEEDED(rng);
   tlse::LinearLseOptions o;

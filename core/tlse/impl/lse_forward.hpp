@@ -3,6 +3,7 @@
 // column LSE and the column logit sums (for vocabulary sorting). Teams form a grid of
 // row blocks x column blocks; each owns its partial (max, sum) entries exclusively, and a
 // second pass merges the partials in a fixed order, so results are bitwise reproducible.
+#include <tlse/impl/backend_dispatch.hpp>
 #include <tlse/impl/dot_tile.hpp>
 #include <tlse/impl/kokkos_compat.hpp>
 
@@ -162,8 +163,14 @@ template <class Exec, class T, class Acc>
 void lse_forward(const Exec& exec, const TileProblem<T, Acc>& prob, const ForwardGrid& grid, Acc* partials,
                  Acc* row_lse, Acc* col_lse, Acc* col_logit_sum) {
   using Tile = GenericTile;
-  ForwardTiles<T, Acc, Tile> f{prob, grid, nullptr, nullptr, nullptr, nullptr, nullptr};
   const index_t nr = prob.rows.count, nc = prob.cols.count;
+  if (!col_lse && !col_logit_sum && nr > 0 && nc > 0) {
+    if (const index_t splits = RowLseSpecialization<Exec>::run(exec, prob, grid.grid_cols, partials)) {
+      merge_lse_partials(exec, prob.rows, partials, partials + splits * nr, splits, row_lse);
+      return;
+    }
+  }
+  ForwardTiles<T, Acc, Tile> f{prob, grid, nullptr, nullptr, nullptr, nullptr, nullptr};
   f.row_max = partials;
   f.row_sum = f.row_max + grid.grid_cols * nr;
   Acc* next = f.row_sum + grid.grid_cols * nr;

@@ -1,0 +1,24 @@
+#pragma once
+// Where faster paths plug in (the kokkos-kernels "spec_avail" pattern): the generic kernels ask
+// a trait on the execution space whether a specialization takes the call, and a backend adds
+// one by specializing the trait in its own header, listed below, without touching generic code.
+#include <tlse/impl/tile_problem.hpp>
+
+namespace tlse::impl {
+
+/// Forward row LSE partials. `run` returns the number of column splits whose partial states
+/// (max, then sum, each splits x rows) it wrote to `partials`, or 0 to leave the call to the
+/// generic kernel. It may use at most `max_splits` splits.
+template <class Exec>
+struct RowLseSpecialization {
+  template <class T, class Acc>
+  static int run(const Exec&, const TileProblem<T, Acc>&, index_t /*max_splits*/, Acc* /*partials*/) {
+    return 0;
+  }
+};
+
+}  // namespace tlse::impl
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <tlse/backends/cuda/row_lse_cuda.hpp>
+#endif
