@@ -4,7 +4,20 @@
 // one by specializing the trait in its own header, listed below, without touching generic code.
 #include <tlse/impl/tile_problem.hpp>
 
+#include <cstdlib>
+#include <cstring>
+
 namespace tlse::impl {
+
+/// TLSE_GENERIC_ONLY=1 in the environment turns every specialization off, to compare a
+/// specialization with the generic kernels (benchmarks, debugging). Read once.
+inline bool specializations_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TLSE_GENERIC_ONLY");
+    return v == nullptr || std::strcmp(v, "1") != 0;
+  }();
+  return enabled;
+}
 
 /// Forward row LSE partials. `run` returns the number of column splits whose partial states
 /// (max, then sum, each splits x rows) it wrote to `partials`, or 0 to leave the call to the

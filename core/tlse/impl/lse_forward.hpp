@@ -164,7 +164,7 @@ void lse_forward(const Exec& exec, const TileProblem<T, Acc>& prob, const Forwar
                  Acc* row_lse, Acc* col_lse, Acc* col_logit_sum) {
   using Tile = GenericTile;
   const index_t nr = prob.rows.count, nc = prob.cols.count;
-  if (!col_lse && !col_logit_sum && nr > 0 && nc > 0) {
+  if (!col_lse && !col_logit_sum && nr > 0 && nc > 0 && specializations_enabled()) {
     if (const index_t splits = RowLseSpecialization<Exec>::run(exec, prob, grid.grid_cols, partials)) {
       merge_lse_partials(exec, prob.rows, partials, partials + splits * nr, splits, row_lse);
       return;

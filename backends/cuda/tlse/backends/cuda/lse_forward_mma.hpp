@@ -1,9 +1,9 @@
 #pragma once
 // CUDA specialization of the forward row LSE for bf16 and fp16 inputs: logit tiles on tensor
 // cores (mma.sync m16n8k16, fp32 accumulation), operands staged in shared memory by a 3-stage
-// cp.async pipeline that runs on across column tiles, and the online LSE merged in the epilogue
+// cp.async pipeline (128 x 128 x 64 tiles) that runs on across column tiles, and the online LSE merged in the epilogue
 // without the tile ever leaving the SM. Launched natively on exec.cuda_stream() because it
-// needs 60 KiB of shared memory (Kokkos 3.4 caps team scratch at 40 KiB).
+// needs 108 KiB of shared memory (Kokkos 3.4 caps team scratch at 40 KiB).
 #include <tlse/impl/tile_problem.hpp>
 
 #include <cuda_runtime.h>
@@ -15,8 +15,9 @@
 
 namespace tlse::impl::cuda {
 
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, THREADS = 256;
-constexpr int LDS = BK + 8;  // shared row stride in halves: 80 bytes keeps ldmatrix conflict-free
+constexpr int BM = 128, BN = 128, BK = 64, STAGES = 3, THREADS = 256;
+constexpr int LDS = BK + 8;  // shared row stride in halves: 144 bytes keeps ldmatrix conflict-free
+constexpr int CHUNKS = BM * BK / 8 / THREADS;  // 16-byte copies per thread per operand and stage
 constexpr int SMEM_BYTES = STAGES * (BM + BN) * LDS * 2;
 
 template <class T>
@@ -86,13 +87,13 @@ __global__ void __launch_bounds__(THREADS, 2)
   const int KT = int((K + BK - 1) / BK);
   const int iters = ct_end > ct_begin ? (ct_end - ct_begin) * KT : 0;
 
-  // Each thread copies two 16-byte chunks of A and two of B per stage: chunk c = tid + 256 i,
-  // row c / 4, depth offset (c % 4) * 8. A's rows are fixed for the whole block.
-  const T* a_row[2];
-  bool a_ok[2];
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = (tid + i * THREADS) >> 2;
+  // Each thread copies CHUNKS 16-byte chunks of A and of B per stage: chunk c = tid + 256 i,
+  // row c / (BK / 8), depth offset (c % (BK / 8)) * 8. A's rows are fixed for the whole block.
+  const T* a_row[CHUNKS];
+  bool a_ok[CHUNKS];
+#pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int r = (tid + i * THREADS) / (BK / 8);
     a_ok[i] = row0 + r < nr;
     a_row[i] = prob.rows.data + (a_ok[i] ? prob.rows.id(row0 + r) : 0) * K;
   }
@@ -101,9 +102,9 @@ __global__ void __launch_bounds__(THREADS, 2)
     const index_t k0 = index_t(it % KT) * BK;
     std::uint16_t* sa = smem + stage * (BM + BN) * LDS;
     std::uint16_t* sb = sa + BM * LDS;
-    #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int c = tid + i * THREADS, r = c >> 2, kc = (c & 3) * 8;
+  #pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+      const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
       const bool k_ok = k0 + kc < K;  // depth % 8 == 0: a chunk never straddles the end
       cp_async16(smem_address(sa + r * LDS + kc), a_ok[i] && k_ok ? a_row[i] + k0 + kc : prob.rows.data,
                  a_ok[i] && k_ok ? 16 : 0);
@@ -116,14 +117,14 @@ __global__ void __launch_bounds__(THREADS, 2)
 
   float run_max = -infinity<float>(), run_sum = 0;
   float acc[4][4][4];
-  #pragma unroll
+#pragma unroll
   for (int mt = 0; mt < 4; ++mt)
-    #pragma unroll
+  #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
-      #pragma unroll
+    #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
 
-  #pragma unroll
+#pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < iters) load(s, s);
     cp_async_commit();
@@ -135,22 +136,22 @@ __global__ void __launch_bounds__(THREADS, 2)
     cp_async_commit();
     const std::uint16_t* sa = smem + (it % STAGES) * (BM + BN) * LDS;
     const std::uint16_t* sb = sa + BM * LDS;
-    #pragma unroll
+  #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned a[4][4], b[4][2];
-      #pragma unroll
+    #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
         ldmatrix_x4(a[mt], smem_address(sa + (wm * 64 + mt * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8));
-      #pragma unroll
+    #pragma unroll
       for (int p = 0; p < 2; ++p) {
         unsigned r[4];
         ldmatrix_x4(r, smem_address(sb + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kk +
                                     ((lane >> 3) & 1) * 8));
         b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
       }
-      #pragma unroll
+    #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
-        #pragma unroll
+      #pragma unroll
         for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
     }
     if (it % KT != KT - 1) continue;
@@ -158,17 +159,17 @@ __global__ void __launch_bounds__(THREADS, 2)
     // Epilogue of a column tile: logits, per-row (max, sum) over the warp's 32 columns, then
     // over the 4 column warps through shared memory, merged into the running state.
     const index_t col_base = index_t(ct_begin + it / KT) * BN + wn * 32;
-    #pragma unroll
+  #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
-      #pragma unroll
+    #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r_local = wm * 64 + mt * 16 + (lane >> 2) + 8 * h;
         const bool r_ok = row0 + r_local < nr;
         const index_t rid = r_ok ? prob.rows.id(row0 + r_local) : 0;
         float m = -infinity<float>();
-        #pragma unroll
+      #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
-          #pragma unroll
+        #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const index_t col = col_base + nt * 8 + (lane & 3) * 2 + j;
             float& x = acc[mt][nt][2 * h + j];
@@ -178,21 +179,21 @@ __global__ void __launch_bounds__(THREADS, 2)
         m = quad_max(m);
         float s = 0;
         if (m != -infinity<float>())
-          #pragma unroll
+        #pragma unroll
           for (int nt = 0; nt < 4; ++nt)
-            #pragma unroll
+          #pragma unroll
             for (int j = 0; j < 2; ++j) s += expf(acc[mt][nt][2 * h + j] - m);
         s = quad_sum(s);
         if ((lane & 3) == 0) red_max[wn][r_local] = m, red_sum[wn][r_local] = s;
-        #pragma unroll
+      #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
-          #pragma unroll
+        #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) acc[mt][nt][e] = 0;
       }
     __syncthreads();
     if (tid < BM) {
       LseState<float> st{run_max, run_sum};
-      #pragma unroll
+    #pragma unroll
       for (int w = 0; w < 4; ++w) st.merge(red_max[w][tid], red_sum[w][tid]);
       run_max = st.max, run_sum = st.sum;
     }
