@@ -13,7 +13,8 @@ export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
 unset LIBRARY_PATH CUDA_HOME
 build=$root/build-cuda
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
-  -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
+  -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
+  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 [ "${1:-}" = --compile-only ] && exit 0
 

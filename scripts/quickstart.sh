@@ -6,7 +6,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kokkos=$("$root/scripts/bootstrap.sh" | tail -n 1)
-cmake -S "$root" -B "$root/build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" >/dev/null
+cmake -S "$root" -B "$root/build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
+  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
 cmake --build "$root/build" --parallel "$(nproc)" --target tlse
 export OMP_PROC_BIND=false
 tlse=$root/build/apps/tlse

@@ -16,6 +16,10 @@ namespace tlse::impl {
 struct ForwardGrid {
   index_t grid_rows = 1, grid_cols = 1, row_tiles = 0, col_tiles = 0;
 
+  /// At most this many row blocks and column blocks: the partial states then cost at most
+  /// 2 * max_blocks * (rows + cols) accumulators, O(rows + cols) whatever the device.
+  static constexpr index_t max_blocks = 32;
+
   /// Enough teams to fill the machine a few times over.
   template <class Exec>
   static index_t teams_wanted(const Exec& exec) {
@@ -30,8 +34,8 @@ struct ForwardGrid {
     const index_t total_col_tiles = std::max<index_t>(1, (cols + Tile::TN - 1) / Tile::TN);
     const index_t want = teams_wanted(exec);
     ForwardGrid g;
-    g.grid_rows = std::min(total_row_tiles, want);
-    g.grid_cols = std::min(total_col_tiles, (want + g.grid_rows - 1) / g.grid_rows);
+    g.grid_rows = std::min({total_row_tiles, want, max_blocks});
+    g.grid_cols = std::min({total_col_tiles, (want + g.grid_rows - 1) / g.grid_rows, max_blocks});
     g.row_tiles = (total_row_tiles + g.grid_rows - 1) / g.grid_rows;
     g.col_tiles = (total_col_tiles + g.grid_cols - 1) / g.grid_cols;
     return g;
@@ -145,9 +149,11 @@ template <class Exec>
 index_t forward_partials_bound(const Exec& exec, index_t max_rows, index_t cols, bool col_lse, bool col_sums) {
   const ForwardGrid g = ForwardGrid::plan(exec, max_rows, cols);
   const index_t want = ForwardGrid::teams_wanted(exec);
-  // grid_cols * rows <= want * TM + rows (see plan); grid_rows never exceeds its value at max_rows.
+  // grid_cols * rows <= min(want * TM + rows, max_blocks * rows) (see plan); grid_rows never
+  // exceeds its value at max_rows.
   const index_t per_col = (col_lse ? 2 : 0) + (col_sums ? 1 : 0);
-  return 2 * (want * GenericTile::TM + max_rows) + per_col * std::max<index_t>(g.grid_rows, 1) * cols;
+  return 2 * std::min(want * GenericTile::TM + max_rows, ForwardGrid::max_blocks * max_rows) +
+         per_col * g.grid_rows * cols;
 }
 
 /// Number of Acc values lse_forward needs as `partials`.

@@ -1,0 +1,196 @@
+#pragma once
+// The command line of `tlse`: a subcommand, its sizes and a few flags. Parsing does not touch
+// Kokkos, so --help and usage errors answer before Kokkos starts; --kokkos-* arguments are
+// skipped here and left to Kokkos::initialize.
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tlse::app {
+
+enum class Job { contrastive, cross_entropy };
+enum class DType { f32, f64, bf16, f16 };
+
+struct Options {
+  Job job = Job::contrastive;
+  std::int64_t batch = 0, tokens = 0, dim = 0, vocab = 0;
+  DType dtype = DType::f32;
+  double scale = 1 / 0.07;  // CLIP's initial temperature
+  int iterations = 3;
+  std::uint64_t seed = 42;
+  bool check = false;
+  bool baseline = true;
+  bool help = false;
+};
+
+/// A mistake on the command line; main prints it with a pointer to --help and exits with 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline const char* usage() {
+  return R"(tlse: log-sum-exp losses without the logit matrix (TiledLSE), timed against the
+materialized baseline (KokkosBlas::gemm + softmax over the full matrix).
+
+usage:
+  tlse contrastive  --batch B --dim C [--scale S] [common options]
+  tlse cross-entropy --tokens N --dim D --vocab V [common options]
+  tlse --help
+
+  contrastive     symmetric CLIP loss over B image/text pairs of C features (L2-normalized
+                  random rows, diagonal positives), logits scale * I T^T; --scale defaults to
+                  1/0.07 = 14.2857.
+  cross-entropy   mean cross-entropy of N tokens over a vocabulary of V classes: E (N x D) ~ N(0,1),
+                  C (V x D) ~ N(0,1) * 4/sqrt(D) (logit std ~4, peaked like a trained LM),
+                  uniform random targets.
+
+common options:
+  --dtype f32|f64|bf16|f16   input and gradient type (default f32); kernels accumulate in
+                             float, or in double for f64
+  --iterations K             timed repetitions, median reported, after 1 warm-up (default 3)
+  --seed S                   seed of the random inputs (default 42)
+  --no-baseline              skip the materialized baseline
+  --check                    compare loss and gradients (of TiledLSE and of the baseline) with
+                             the float64 reference, which materializes everything and costs
+                             O(rows x cols x dim) serial work; exit 1 on a mismatch
+  --kokkos-...               passed to Kokkos (e.g. --kokkos-threads=2)
+
+--check tolerances: loss error <= tol_loss * (1 + |loss|), gradient error
+max|g - g_ref| <= tol_grad * max|g_ref|; the reference is fed the inputs after rounding to dtype.
+  f64    tol_loss 1e-9, tol_grad 1e-9: double accumulation errs ~1e-14; anything near 1e-9
+         means a float got in.
+  f32    tol_loss 1e-5, tol_grad 1e-4: float sums of C- or D-long dot products and of
+         B- or V-long exponential sums err ~1e-6 to 1e-5 relative.
+  bf16   tol_loss 1e-5, tol_grad 2^-7: the loss is accumulated in float from exact inputs, as
+         for f32; gradients are rounded to 8 significant bits (error <= 2^-8 of each element),
+         the other half of the budget is float accumulation and gradient filtering.
+  f16    tol_loss 1e-5, tol_grad 2^-10: as bf16 with 11 significant bits.
+
+Times are fenced wall-clock medians. Extra memory is what a call allocates beyond its inputs,
+outputs and gradients: TiledLSE's workspace and saved LSEs (plus per-team scratch of a fixed
+tile size), the baseline's logit matrix, LSEs and float copies of 16-bit data.
+)";
+}
+
+namespace detail {
+
+inline std::int64_t positive_integer(const std::string& flag, const std::string& text) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw UsageError(flag + " expects a positive integer, got '" + text + "'");
+  if (v <= 0) throw UsageError(flag + " must be positive, got '" + text + "'");
+  return v;
+}
+
+inline std::uint64_t unsigned_integer(const std::string& flag, const std::string& text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw UsageError(flag + " expects a non-negative integer, got '" + text + "'");
+  return v;
+}
+
+inline double positive_number(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+    throw UsageError(flag + " expects a finite number, got '" + text + "'");
+  if (!(v > 0)) throw UsageError(flag + " must be positive, got '" + text + "'");
+  return v;
+}
+
+inline DType dtype(const std::string& flag, const std::string& text) {
+  if (text == "f32") return DType::f32;
+  if (text == "f64") return DType::f64;
+  if (text == "bf16") return DType::bf16;
+  if (text == "f16") return DType::f16;
+  throw UsageError(flag + " expects one of f32, f64, bf16, f16, got '" + text + "'");
+}
+
+}  // namespace detail
+
+/// Parses argv (without --kokkos-* arguments); throws UsageError naming the flag and value.
+inline Options parse_command_line(int argc, const char* const* argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]).rfind("--kokkos-", 0) != 0) args.emplace_back(argv[i]);
+  Options o;
+  if (args.empty()) throw UsageError("missing the subcommand (contrastive or cross-entropy)");
+  if (args[0] == "--help" || args[0] == "-h") {
+    o.help = true;
+    return o;
+  }
+  if (args[0] == "contrastive")
+    o.job = Job::contrastive;
+  else if (args[0] == "cross-entropy")
+    o.job = Job::cross_entropy;
+  else
+    throw UsageError("unknown subcommand '" + args[0] + "'; expected contrastive or cross-entropy");
+  const bool contrastive = o.job == Job::contrastive;
+
+  for (std::size_t k = 1; k < args.size(); ++k) {
+    std::string flag = args[k], value;
+    const bool inline_value = flag.rfind("--", 0) == 0 && flag.find('=') != std::string::npos;
+    if (inline_value) {  // --flag=value
+      value = flag.substr(flag.find('=') + 1);
+      flag = flag.substr(0, flag.find('='));
+    }
+    const auto next = [&]() -> const std::string& {
+      if (inline_value) return value;
+      if (k + 1 >= args.size() || args[k + 1].rfind("--", 0) == 0) throw UsageError(flag + " needs a value");
+      return args[++k];
+    };
+    const auto no_value = [&]() {
+      if (inline_value) throw UsageError(flag + " takes no value, got '" + value + "'");
+    };
+    if (flag == "--help" || flag == "-h") {
+      no_value();
+      o.help = true;
+    } else if (flag == "--check") {
+      no_value();
+      o.check = true;
+    } else if (flag == "--no-baseline") {
+      no_value();
+      o.baseline = false;
+    } else if (flag == "--dtype") {
+      o.dtype = detail::dtype(flag, next());
+    } else if (flag == "--iterations") {
+      const std::int64_t k_it = detail::positive_integer(flag, next());
+      if (k_it > 1000000) throw UsageError(flag + " must be at most 1000000, got '" + std::to_string(k_it) + "'");
+      o.iterations = int(k_it);
+    } else if (flag == "--seed") {
+      o.seed = detail::unsigned_integer(flag, next());
+    } else if (flag == "--dim") {
+      o.dim = detail::positive_integer(flag, next());
+    } else if (contrastive && flag == "--batch") {
+      o.batch = detail::positive_integer(flag, next());
+    } else if (contrastive && flag == "--scale") {
+      o.scale = detail::positive_number(flag, next());
+    } else if (!contrastive && flag == "--tokens") {
+      o.tokens = detail::positive_integer(flag, next());
+    } else if (!contrastive && flag == "--vocab") {
+      o.vocab = detail::positive_integer(flag, next());
+    } else {
+      throw UsageError("unknown option '" + args[k] + "' for " + args[0]);
+    }
+  }
+  if (o.help) return o;
+  const auto require = [&](std::int64_t v, const char* flag) {
+    if (v == 0) throw UsageError(args[0] + " needs " + flag);
+  };
+  if (contrastive) {
+    require(o.batch, "--batch");
+  } else {
+    require(o.tokens, "--tokens");
+    require(o.vocab, "--vocab");
+  }
+  require(o.dim, "--dim");
+  return o;
+}
+
+}  // namespace tlse::app

@@ -1,0 +1,122 @@
+#pragma once
+// The two jobs of `tlse`: build the random problem, time TiledLSE and the materialized
+// baseline on it, print the table and, with --check, compare both with the float64 reference.
+#include "check.hpp"
+#include "cli.hpp"
+#include "outcome.hpp"
+#include "timing.hpp"
+
+#include <materialized_baseline.hpp>
+#include <random_inputs.hpp>
+#include <tiled_runner.hpp>
+
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+namespace tlse::app {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using perf::DeviceMatrix;
+
+/// Times forward() and forward() + backward() of `loss` (TiledLSE or baseline, same interface)
+/// and keeps its loss and the gradients of its last step.
+template <class T, class Loss>
+Outcome measure(const Options& o, const std::string& name, Loss& loss, std::int64_t rows_a, std::int64_t rows_b,
+                std::int64_t depth) {
+  const Exec exec;
+  DeviceMatrix<T> dA(name + " dA", rows_a, depth), dB(name + " dB", rows_b, depth);
+  Outcome r(name);
+  r.forward_ms = median_ms(exec, o.iterations, name + " forward", [&] { loss.forward(); });
+  r.step_ms = median_ms(exec, o.iterations, name + " forward+backward", [&] {
+    loss.forward();
+    loss.backward(dA, dB);
+  });
+  r.loss = loss.loss();
+  r.extra_bytes = loss.extra_bytes();
+  r.grads = {perf::download(dA), perf::download(dB)};
+  return r;
+}
+
+inline void print_header(const Options& o, const char* dtype, const std::string& sizes) {
+  const Exec exec;
+  std::printf("tlse %s: %s, dtype %s, seed %llu\n", o.job == Job::contrastive ? "contrastive" : "cross-entropy",
+              sizes.c_str(), dtype, (unsigned long long)o.seed);
+  std::printf("Kokkos %s, concurrency %d; times: median of %d after 1 warm-up, fenced\n", Exec::name(),
+              int(exec.concurrency()), o.iterations);
+}
+
+inline void announce_reference(double multiply_adds) {
+  std::fprintf(stderr, "[tlse] computing the float64 reference (%.1f G multiply-adds, serial)\n", multiply_adds * 1e-9);
+}
+
+template <class T>
+int run_contrastive(const Options& o) {
+  using Acc = accumulator_t<T>;
+  const std::int64_t b = o.batch, c = o.dim;
+  print_header(o, scalar_name<T>(),
+               "batch " + std::to_string(b) + ", dim " + std::to_string(c) + ", scale " + std::to_string(o.scale));
+  auto problem = perf::contrastive_problem(o.seed, b, c);
+  const DeviceMatrix<T> I = perf::upload<T>("I", problem.I), Tx = perf::upload<T>("T", problem.T);
+
+  std::vector<Outcome> outcomes;
+  {
+    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale);
+    outcomes.push_back(measure<T>(o, "TiledLSE", tiled, b, b, c));
+    outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
+                                  " + saved row/column LSEs; plus team scratch " +
+                                  bytes_text(double(tiled.team_scratch_bytes())) +
+                                  " per team (tile-sized, independent of the batch)";
+  }
+  if (o.baseline) {
+    baseline::MaterializedContrastive<Exec, T> base(Exec(), I, Tx, o.scale);
+    outcomes.push_back(measure<T>(o, "materialized", base, b, b, c));
+    outcomes.back().memory_note = "logits " + std::to_string(b) + " x " + std::to_string(b) + " " +
+                                  bytes_text(double(base.logit_bytes())) + " + LSEs" +
+                                  (std::is_same<T, Acc>::value ? "" : " + float copies of I, T, dI, dT");
+  }
+  print_table(outcomes);
+  if (!o.check) return 0;
+
+  announce_reference(5.0 * double(b) * double(b) * double(c));
+  ContrastiveOptions ref_opts;
+  ref_opts.scale = o.scale;
+  const auto ref = testing::contrastive_reference(problem.I, problem.T, {}, ref_opts, 1.0);
+  return check_outcomes(outcomes, ref.loss, {&ref.dI, &ref.dT}, {"dI", "dT"}, tolerance<T>()) ? 0 : 1;
+}
+
+template <class T>
+int run_cross_entropy(const Options& o) {
+  using Acc = accumulator_t<T>;
+  const std::int64_t N = o.tokens, D = o.dim, V = o.vocab;
+  print_header(o, scalar_name<T>(),
+               "tokens " + std::to_string(N) + ", dim " + std::to_string(D) + ", vocab " + std::to_string(V));
+  auto problem = perf::cross_entropy_problem(o.seed, N, D, V);
+  const DeviceMatrix<T> E = perf::upload<T>("E", problem.E), C = perf::upload<T>("C", problem.C);
+  const auto targets = perf::upload_targets(problem.targets);
+
+  std::vector<Outcome> outcomes;
+  {
+    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets);
+    outcomes.push_back(measure<T>(o, "TiledLSE", tiled, N, V, D));
+    outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
+                                  " + saved LSEs; plus team scratch " +
+                                  bytes_text(double(tiled.team_scratch_bytes())) +
+                                  " per team (tile-sized, independent of N and V)";
+  }
+  if (o.baseline) {
+    baseline::MaterializedCrossEntropy<Exec, T> base(Exec(), E, C, targets);
+    outcomes.push_back(measure<T>(o, "materialized", base, N, V, D));
+    outcomes.back().memory_note = "logits " + std::to_string(N) + " x " + std::to_string(V) + " " +
+                                  bytes_text(double(base.logit_bytes())) + " + LSEs" +
+                                  (std::is_same<T, Acc>::value ? "" : " + float copies of E, C, dE, dC");
+  }
+  print_table(outcomes);
+  if (!o.check) return 0;
+
+  announce_reference(5.0 * double(N) * double(V) * double(D));
+  const auto ref = testing::cross_entropy_reference(problem.E, problem.C, {}, problem.targets, CrossEntropyOptions{}, {1.0});
+  return check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>()) ? 0 : 1;
+}
+
+}  // namespace tlse::app

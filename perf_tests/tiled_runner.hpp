@@ -1,0 +1,109 @@
+#pragma once
+/// \file tiled_runner.hpp
+/// TiledLSE's losses packaged like the materialized baseline (materialized_baseline.hpp), so
+/// that the `tlse` tool and the benchmarks drive both the same way: the constructor allocates
+/// every buffer, including the workspace lent to each call so that no timed call allocates;
+/// then forward(), backward(dA, dB) for dloss = 1, loss() and extra_bytes().
+#include <tlse/impl/lse_backward.hpp>
+#include <tlse/impl/lse_forward.hpp>
+#include <tlse/tlse.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace tlse::perf {
+
+/// The Kokkos team scratch of the generic kernels, per team. It is not in the workspace:
+/// Kokkos provides it to each running team (on-chip shared memory on GPUs), and its size is set
+/// by the tile shape and the depth, whatever the batch or vocabulary. Read from tlse::impl
+/// until the library exposes it.
+template <class T>
+std::size_t team_scratch_bytes(std::int64_t depth) {
+  using Acc = accumulator_t<T>;
+  using Backward = impl::BackwardTiles<T, Acc>;
+  return std::max(impl::ForwardTiles<T, Acc>::scratch_bytes(),
+                  Backward::scratch0_bytes() + Backward::scratch1_bytes(depth));
+}
+
+/// Symmetric CLIP loss with diagonal positives (tlse::contrastive_loss and its backward).
+template <class Exec, class T>
+class TiledContrastive {
+ public:
+  using Acc = accumulator_t<T>;
+  using Mem = typename Exec::memory_space;
+  using Input = Kokkos::View<const T**, Kokkos::LayoutRight, Mem>;
+  using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+
+  TiledContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale)
+      : exec_(exec), I_(I), T_(Tx), row_lse_("row_lse", I.extent(0)), col_lse_("col_lse", I.extent(0)) {
+    opts_.scale = scale;
+    workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", contrastive_loss_workspace_bytes(exec, I, Tx, opts_));
+    opts_.workspace = {workspace_.data(), workspace_.size()};
+    Kokkos::deep_copy(dloss_, Acc(1));
+  }
+
+  void forward() { contrastive_loss(exec_, I_, T_, Labels(), loss_, row_lse_, col_lse_, opts_); }
+  void backward(const Gradient& dI, const Gradient& dT) {
+    contrastive_loss_backward(exec_, I_, T_, Labels(), row_lse_, col_lse_, dloss_, dI, dT, AccVector(), opts_);
+  }
+  double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(0); }
+  /// Workspace and the row and column LSEs saved for the backward: O(b).
+  std::size_t extra_bytes() const { return workspace_bytes() + (row_lse_.size() + col_lse_.size()) * sizeof(Acc); }
+  std::size_t workspace_bytes() const { return workspace_.size(); }
+  std::size_t team_scratch_bytes() const { return perf::team_scratch_bytes<T>(I_.extent(1)); }
+
+ private:
+  using AccVector = Kokkos::View<Acc*, Mem>;
+  using Labels = Kokkos::View<const int*, Mem>;  // empty: diagonal positives
+  Exec exec_;
+  Input I_, T_;
+  ContrastiveOptions opts_;
+  Kokkos::View<char*, Mem> workspace_;
+  AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, row_lse_, col_lse_;
+};
+
+/// Mean cross-entropy without bias (tlse::cross_entropy and its backward, default options:
+/// gradient filtering on, no vocabulary sorting).
+template <class Exec, class T>
+class TiledCrossEntropy {
+ public:
+  using Acc = accumulator_t<T>;
+  using Mem = typename Exec::memory_space;
+  using Input = Kokkos::View<const T**, Kokkos::LayoutRight, Mem>;
+  using Targets = Kokkos::View<const int*, Mem>;
+  using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+
+  TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets)
+      : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)) {
+    workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", cross_entropy_workspace_bytes(exec, E, C, opts_));
+    opts_.workspace = {workspace_.data(), workspace_.size()};
+    Kokkos::deep_copy(dloss_, Acc(1));
+  }
+
+  void forward() { cross_entropy(exec_, E_, C_, Bias(), targets_, loss_, lse_, VocabOrder(), opts_); }
+  void backward(const Gradient& dE, const Gradient& dC) {
+    cross_entropy_backward(exec_, E_, C_, Bias(), targets_, lse_, VocabOrder(), dloss_, dE, dC,
+                           Kokkos::View<T*, Mem>(), opts_);
+  }
+  double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(0); }
+  /// Workspace and the LSEs saved for the backward: O(N + V).
+  std::size_t extra_bytes() const { return workspace_bytes() + lse_.size() * sizeof(Acc); }
+  std::size_t workspace_bytes() const { return workspace_.size(); }
+  std::size_t team_scratch_bytes() const { return perf::team_scratch_bytes<T>(E_.extent(1)); }
+
+ private:
+  using AccVector = Kokkos::View<Acc*, Mem>;
+  using Bias = Kokkos::View<const T*, Mem>;
+  using VocabOrder = Kokkos::View<int*, Mem>;
+  Exec exec_;
+  Input E_, C_;
+  Targets targets_;
+  CrossEntropyOptions opts_;
+  Kokkos::View<char*, Mem> workspace_;
+  AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, lse_;
+};
+
+}  // namespace tlse::perf
