@@ -15,7 +15,8 @@ KOKKOS_VERSION=3.4.01
 TRILINOS_VERSION=13.2.0
 cache=${TLSE_CACHE:-$HOME/.cache/tiledlse}
 backend=${TLSE_BACKEND:-openmp}
-prefix=$cache/kokkos-$KOKKOS_VERSION-$backend
+RECIPE=r2  # bump when the build flags below change, so cached builds are not reused
+prefix=$cache/kokkos-$KOKKOS_VERSION-$backend-$RECIPE
 log() { echo "[bootstrap] $*" >&2; }
 
 debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
@@ -115,7 +116,8 @@ WRAP
   log "building Kokkos Kernels $KOKKOS_VERSION (header use, no ETI)"
   cmake -S "$src/packages/kokkos-kernels" -B "$build/kernels" "${flags[@]}" -DKokkos_ROOT="$prefix" \
     -DKokkosKernels_ADD_DEFAULT_ETI=OFF -DKokkosKernels_ENABLE_TESTS=OFF \
-    -DKokkosKernels_ENABLE_TPL_BLAS=OFF >>"$build.log" 2>&1
+    -DKokkosKernels_ENABLE_TPL_BLAS=OFF -DKokkosKernels_ENABLE_TPL_CUBLAS=OFF \
+    -DKokkosKernels_ENABLE_TPL_CUSPARSE=OFF >>"$build.log" 2>&1
   cmake --build "$build/kernels" --target install >>"$build.log" 2>&1
   rm -rf "$build"
   touch "$prefix/.complete"

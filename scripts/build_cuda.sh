@@ -12,6 +12,9 @@ export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
 unset LIBRARY_PATH CUDA_HOME
 build=$root/build-cuda
+# A build configured against another Kokkos (an older cached recipe) cannot be reconfigured.
+[ "$(cat "$build/.kokkos-prefix" 2>/dev/null || echo "$kokkos")" = "$kokkos" ] || rm -rf "$build"
+mkdir -p "$build" && echo "$kokkos" >"$build/.kokkos-prefix"
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
   -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
   -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
