@@ -242,17 +242,8 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
   }
   impl::check_scalar_output<Exec>(check, "dloss", dloss, true);
   impl::check_scalar_output<Exec>(check, "dscale", dscale, false);
-  const bool want_dI = dI.size() > 0, want_dT = dT.size() > 0;
-  if (want_dI) {
-    check.matrix("dI", dI);
-    check.extent("dI", dI.extent(0), b, "the batch size");
-    check.extent("dI", dI.extent(1), I.extent(1), "the feature dimension");
-  }
-  if (want_dT) {
-    check.matrix("dT", dT);
-    check.extent("dT", dT.extent(0), b, "the batch size");
-    check.extent("dT", dT.extent(1), I.extent(1), "the feature dimension");
-  }
+  const bool want_dI = check.optional_matrix("dI", dI, b, I.extent(1), "I");
+  const bool want_dT = check.optional_matrix("dT", dT, b, I.extent(1), "T");
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::contrastive_loss_backward");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
@@ -349,12 +340,7 @@ void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& l
   check.extent("lse", lse.extent(0), n, "Z's row count");
   impl::check_scalar_output<Exec>(check, "dloss", dloss, true);
   impl::check_scalar_output<Exec>(check, "dscale", dscale, false);
-  const bool want_dZ = dZ.size() > 0;
-  if (want_dZ) {
-    check.matrix("dZ", dZ);
-    check.extent("dZ", dZ.extent(0), n, "Z's row count");
-    check.extent("dZ", dZ.extent(1), Z.extent(1), "Z's column count");
-  }
+  const bool want_dZ = check.optional_matrix("dZ", dZ, n, Z.extent(1), "Z");
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::self_contrastive_loss_backward");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;

@@ -284,17 +284,8 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
   check.extent("dloss", dloss.extent(0), opts.reduction == Reduction::none ? N : 1,
                opts.reduction == Reduction::none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
   impl::check_vocab_order(exec, check, vocab_order, V);
-  const bool want_dE = dE.size() > 0, want_dC = dC.size() > 0;
-  if (want_dE) {
-    check.matrix("dE", dE);
-    check.extent("dE", dE.extent(0), N, "E's row count");
-    check.extent("dE", dE.extent(1), D, "E's column count");
-  }
-  if (want_dC) {
-    check.matrix("dC", dC);
-    check.extent("dC", dC.extent(0), V, "C's row count");
-    check.extent("dC", dC.extent(1), D, "C's column count");
-  }
+  const bool want_dE = check.optional_matrix("dE", dE, N, D, "E");
+  const bool want_dC = check.optional_matrix("dC", dC, V, D, "C");
   const bool want_dbias = check.optional("dbias", dbias, V, "C's row count (the vocabulary)");
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::cross_entropy_backward");

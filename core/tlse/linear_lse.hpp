@@ -113,17 +113,8 @@ void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV
   check.extent("dlse", dlse.extent(0), A.extent(0), "A's row count");
   check.vector("lse", lse);
   check.vector("dlse", dlse);
-  const bool want_dA = dA.size() > 0, want_dB = dB.size() > 0;
-  if (want_dA) {
-    check.matrix("dA", dA);
-    check.extent("dA", dA.extent(0), A.extent(0), "A's row count");
-    check.extent("dA", dA.extent(1), A.extent(1), "A's column count");
-  }
-  if (want_dB) {
-    check.matrix("dB", dB);
-    check.extent("dB", dB.extent(0), B.extent(0), "B's row count");
-    check.extent("dB", dB.extent(1), B.extent(1), "B's column count");
-  }
+  const bool want_dA = check.optional_matrix("dA", dA, A.extent(0), A.extent(1), "A");
+  const bool want_dB = check.optional_matrix("dB", dB, B.extent(0), B.extent(1), "B");
   impl::check_finite(exec, check, "dlse", dlse, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::linear_lse_backward");
   impl::BackwardTiles<T, Acc> f{};

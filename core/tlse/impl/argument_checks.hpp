@@ -68,6 +68,17 @@ class ArgumentChecker {
     return true;
   }
 
+  /// An optional output matrix (a gradient): empty (not requested), or row-major of exactly
+  /// rows x cols. Returns whether it was requested.
+  template <class V>
+  bool optional_matrix(const char* name, const V& v, std::size_t rows, std::size_t cols, const std::string& like) const {
+    if (v.size() == 0) return false;
+    matrix(name, v);
+    extent(name, v.extent(0), rows, like + "'s row count");
+    extent(name, v.extent(1), cols, like + "'s column count");
+    return true;
+  }
+
   void finite_nonnegative(const char* name, double value) const {
     if (!(value >= 0) || value == infinity<double>())
       fail(name, "must be finite and >= 0, got " + number(value));

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Shared by quickstart.sh and test.sh: installs what is missing (bootstrap.sh, cached) and
+# configures build/ with the tool, the benchmarks and the tests.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kokkos=$("$root/scripts/bootstrap.sh" | tail -n 1)
+# A build configured against another Kokkos (an older cached recipe) cannot be reconfigured.
+[ "$(cat "$root/build/.kokkos-prefix" 2>/dev/null || echo "$kokkos")" = "$kokkos" ] || rm -rf "$root/build"
+mkdir -p "$root/build" && echo "$kokkos" >"$root/build/.kokkos-prefix"
+cmake -S "$root" -B "$root/build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
+  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
