@@ -117,7 +117,7 @@ struct ContrastiveCore {
   }
 };
 
-template <class Exec, class V>
+template <class V>
 void check_scalar_output(const ArgumentChecker& check, const char* name, const V& v, bool required) {
   if (!required && v.size() == 0) return;
   check.vector(name, v);
@@ -179,7 +179,7 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
   impl::static_check_acc_vector<Exec, T, ColLseV>();
   const impl::ArgumentChecker check("tlse::contrastive_loss");
   impl::check_pair(exec, check, I, Tx, labels, opts);
-  impl::check_scalar_output<Exec>(check, "loss", loss, true);
+  impl::check_scalar_output(check, "loss", loss, true);
   const impl::index_t b = I.extent(0);
   const bool want_row = check.optional("row_lse", row_lse, b, "the batch size");
   const bool want_col = check.optional("col_lse", col_lse, b, "the batch size");
@@ -240,8 +240,8 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
     check.vector("col_lse", col_lse);
     check.extent("col_lse", col_lse.extent(0), b, "the batch size (the text-to-image direction)");
   }
-  impl::check_scalar_output<Exec>(check, "dloss", dloss, true);
-  impl::check_scalar_output<Exec>(check, "dscale", dscale, false);
+  impl::check_scalar_output(check, "dloss", dloss, true);
+  impl::check_scalar_output(check, "dscale", dscale, false);
   const bool want_dI = check.optional_matrix("dI", dI, b, I.extent(1), "I");
   const bool want_dT = check.optional_matrix("dT", dT, b, I.extent(1), "T");
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
@@ -306,7 +306,7 @@ void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, con
   impl::static_check_acc_vector<Exec, T, LseV>();
   const impl::ArgumentChecker check("tlse::self_contrastive_loss");
   const impl::index_t n = impl::check_self(exec, check, Z, opts);
-  impl::check_scalar_output<Exec>(check, "loss", loss, true);
+  impl::check_scalar_output(check, "loss", loss, true);
   const bool want_lse = check.optional("lse", lse, n, "Z's row count");
   Kokkos::Profiling::pushRegion("tlse::self_contrastive_loss");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
@@ -338,8 +338,8 @@ void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& l
   const impl::index_t n = impl::check_self(exec, check, Z, opts);
   check.vector("lse", lse);
   check.extent("lse", lse.extent(0), n, "Z's row count");
-  impl::check_scalar_output<Exec>(check, "dloss", dloss, true);
-  impl::check_scalar_output<Exec>(check, "dscale", dscale, false);
+  impl::check_scalar_output(check, "dloss", dloss, true);
+  impl::check_scalar_output(check, "dscale", dscale, false);
   const bool want_dZ = check.optional_matrix("dZ", dZ, n, Z.extent(1), "Z");
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::self_contrastive_loss_backward");

@@ -84,10 +84,6 @@ class ArgumentChecker {
       fail(name, "must be finite and >= 0, got " + number(value));
   }
 
-  void no_alias(const char* a, const void* pa, const char* b, const void* pb) const {
-    if (pa != nullptr && pa == pb) fail(b, std::string("must not alias '") + a + "'");
-  }
-
   template <class V>
   static std::string shape(const V& v) {
     std::ostringstream s;
