@@ -38,16 +38,20 @@ struct ContrastiveCore {
   index_t b;
   bool want_col;
 
-  static std::size_t workspace_bytes(const Exec& exec, index_t b, bool want_col) {
-    WorkspaceCarver c;
-    layout(exec, c, b, want_col);
-    return c.bytes();
+  /// The larger of the forward's and the backward's workspace.
+  static std::size_t workspace_bytes(const Exec& exec, index_t b, index_t depth, bool want_col) {
+    WorkspaceCarver forward, backward;
+    layout(exec, forward, b, depth, want_col, false);
+    layout(exec, backward, b, depth, want_col, true);
+    return std::max(forward.bytes(), backward.bytes());
   }
   struct Arrays {
     int* positive;
     Acc *row_lse, *col_lse, *row_pos, *col_pos, *terms, *g_row, *g_col, *total, *partials;
+    char* scratch;  // backward only: for a backend's backward passes
+    std::size_t scratch_bytes;
   };
-  static Arrays layout(const Exec& exec, WorkspaceCarver& c, index_t b, bool want_col) {
+  static Arrays layout(const Exec& exec, WorkspaceCarver& c, index_t b, index_t depth, bool want_col, bool backward) {
     Arrays a;
     a.positive = c.take<int>(b);
     a.row_lse = c.take<Acc>(b);
@@ -59,6 +63,8 @@ struct ContrastiveCore {
     a.g_col = c.take<Acc>(want_col ? b : 0);
     a.total = c.take<Acc>(1);
     a.partials = c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
+    a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, b, b, depth) : 0;
+    a.scratch = c.take<char>(index_t(a.scratch_bytes));
     return a;
   }
 
@@ -103,6 +109,8 @@ struct ContrastiveCore {
     if (w.row != 0) f.row_terms = {row_lse, a.g_row, a.positive, a.g_row};
     if (want_col && w.col != 0) f.col_terms = {col_lse, a.g_col, a.positive, a.g_col};
     f.filter_eps = 0;
+    f.scratch = a.scratch;
+    f.scratch_bytes = a.scratch_bytes;
     f.owner_is_row = true;
     f.grad = grad_row;
     f.accumulate = accumulate;
@@ -159,7 +167,7 @@ void copy_out(const Exec& exec, const Acc* from, Acc* to, index_t n) {
 template <class Exec, class IV, class TV>
 std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, const TV&, const ContrastiveOptions& = {}) {
   using T = impl::scalar_of<IV>;
-  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, I.extent(0), true);
+  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, I.extent(0), I.extent(1), true);
 }
 
 /// Forward. I, T: (b x c) image and text features, row-major, same scalar type; labels: (b)
@@ -189,7 +197,7 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
   const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale), b, w.col != 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, core.want_col); },
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_positives(exec, labels, b, a.positive);
         core.forward(a, w, loss.data());
@@ -250,7 +258,7 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
   const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale), b, w.col != 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, core.want_col); },
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_positives(exec, labels, b, a.positive);
         core.backward(a, w, row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
@@ -264,7 +272,7 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
 template <class Exec, class ZV>
 std::size_t self_contrastive_loss_workspace_bytes(const Exec& exec, const ZV& Z, const ContrastiveOptions& = {}) {
   using T = impl::scalar_of<ZV>;
-  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, Z.extent(0), false);
+  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, Z.extent(0), Z.extent(1), false);
 }
 
 namespace impl {
@@ -312,7 +320,7 @@ void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, con
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::self_problem<T, Acc>(Z, opts.scale), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, false); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.forward(a, impl::DirectionWeights(Direction::image_to_text), loss.data());
@@ -346,7 +354,7 @@ void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& l
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::self_problem<T, Acc>(Z, opts.scale), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, false); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.backward(a, impl::DirectionWeights(Direction::image_to_text), lse.data(), nullptr, dloss.data(),

@@ -137,12 +137,16 @@ template <class Acc>
 struct CrossEntropyBackwardArrays {
   int *row_target, *active;
   Acc *g, *w;
-  static CrossEntropyBackwardArrays carve(WorkspaceCarver& c, index_t N) {
+  char* scratch;  // for a backend's backward passes
+  std::size_t scratch_bytes;
+  static CrossEntropyBackwardArrays carve(WorkspaceCarver& c, index_t N, std::size_t scratch_bytes) {
     CrossEntropyBackwardArrays a;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
     a.g = c.take<Acc>(N);
     a.w = c.take<Acc>(N);
+    a.scratch = c.take<char>(index_t(scratch_bytes));
+    a.scratch_bytes = scratch_bytes;
     return a;
   }
 };
@@ -168,11 +172,12 @@ void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const Or
 /// Workspace bytes cross_entropy and cross_entropy_backward need (the larger of the two).
 template <class Exec, class EV, class CV>
 std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const CV& C, const CrossEntropyOptions& = {}) {
-  using Acc = accumulator_t<impl::scalar_of<EV>>;
-  const impl::index_t N = E.extent(0), V = C.extent(0);
+  using T = impl::scalar_of<EV>;
+  using Acc = accumulator_t<T>;
+  const impl::index_t N = E.extent(0), V = C.extent(0), D = E.extent(1);
   impl::WorkspaceCarver forward, backward;
   impl::CrossEntropyForwardArrays<Acc>::carve(forward, exec, N, V, true);
-  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N);
+  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, N, V, D));
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -291,7 +296,7 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
   Kokkos::Profiling::pushRegion("tlse::cross_entropy_backward");
   using Arrays = impl::CrossEntropyBackwardArrays<Acc>;
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N, impl::backward_scratch_bytes<T>(exec, N, V, D)); },
       [&](const Arrays& a) {
         call.prepare_rows(a.row_target, a.active);
         const int* order = vocab_order.extent(0) ? vocab_order.data() : nullptr;
@@ -316,6 +321,8 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
         f.prob = call.problem(active, order);
         f.row_terms = {saved_lse, g, row_target, w};
         f.filter_eps = Acc(impl::resolved_filter_eps<T>(opts));
+        f.scratch = a.scratch;
+        f.scratch_bytes = a.scratch_bytes;
         f.accumulate = opts.accumulate;
         if (want_dE) {
           if (!opts.accumulate) {  // ignored rows are never visited: their gradient is zero

@@ -43,19 +43,26 @@ void check_linear(const Exec& exec, const ArgumentChecker& check, const AV& A, c
   check_finite(exec, check, "bias", bias, o.non_finite);
 }
 
-/// The forward's only workspace array (the backward needs none).
+/// The forward's only workspace array.
 template <class Acc, class Exec>
 Acc* carve_linear_partials(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols) {
   return c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, rows, cols), rows, cols, false, false));
 }
+/// The backward's only workspace array: scratch for a backend's backward passes (often none).
+template <class T, class Exec>
+char* carve_linear_scratch(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols, index_t depth) {
+  return c.take<char>(index_t(backward_scratch_bytes<T>(exec, rows, cols, depth)));
+}
 }  // namespace impl
 
-/// Workspace bytes linear_lse and linear_lse_backward need for these operands.
+/// Workspace bytes linear_lse and linear_lse_backward need for these operands (the larger).
 template <class Exec, class AV, class BV>
 std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& B, const LinearLseOptions& = {}) {
-  impl::WorkspaceCarver c;
-  impl::carve_linear_partials<accumulator_t<impl::scalar_of<AV>>>(c, exec, A.extent(0), B.extent(0));
-  return c.bytes();
+  using T = impl::scalar_of<AV>;
+  impl::WorkspaceCarver forward, backward;
+  impl::carve_linear_partials<accumulator_t<T>>(forward, exec, A.extent(0), B.extent(0));
+  impl::carve_linear_scratch<T>(backward, exec, A.extent(0), B.extent(0), A.extent(1));
+  return std::max(forward.bytes(), backward.bytes());
 }
 
 /// Forward: lse(i) = log sum_{j valid} exp(scale * A(i,:) . B(j,:) + bias(j)) for every row i of A.
@@ -117,22 +124,31 @@ void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV
   const bool want_dB = check.optional_matrix("dB", dB, B.extent(0), B.extent(1), "B");
   impl::check_finite(exec, check, "dlse", dlse, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::linear_lse_backward");
-  impl::BackwardTiles<T, Acc> f{};
-  f.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
-  f.row_terms.lse = lse.data();
-  f.row_terms.g = dlse.data();
-  f.filter_eps = 0;
-  f.accumulate = opts.accumulate;
-  if (want_dA) {
-    f.owner_is_row = true;
-    f.grad = dA.data();
-    impl::lse_backward_pass(exec, f);
-  }
-  if (want_dB) {
-    f.owner_is_row = false;
-    f.grad = dB.data();
-    impl::lse_backward_pass(exec, f);
-  }
+  const impl::index_t rows = A.extent(0), cols = B.extent(0), depth = A.extent(1);
+  const std::size_t scratch_bytes = impl::backward_scratch_bytes<T>(exec, rows, cols, depth);
+  impl::with_workspace(
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) { return impl::carve_linear_scratch<T>(c, exec, rows, cols, depth); },
+      [&](char* scratch) {
+        impl::BackwardTiles<T, Acc> f{};
+        f.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
+        f.row_terms.lse = lse.data();
+        f.row_terms.g = dlse.data();
+        f.filter_eps = 0;
+        f.accumulate = opts.accumulate;
+        f.scratch = scratch;
+        f.scratch_bytes = scratch_bytes;
+        if (want_dA) {
+          f.owner_is_row = true;
+          f.grad = dA.data();
+          impl::lse_backward_pass(exec, f);
+        }
+        if (want_dB) {
+          f.owner_is_row = false;
+          f.grad = dB.data();
+          impl::lse_backward_pass(exec, f);
+        }
+      });
   Kokkos::Profiling::popRegion();
 }
 

@@ -4,6 +4,7 @@
 // one by specializing the trait in its own header, listed below, without touching generic code.
 #include <tlse/impl/tile_problem.hpp>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,19 +20,44 @@ inline bool specializations_enabled() {
   return enabled;
 }
 
-/// Forward row LSE partials. `run` returns the number of column splits whose partial states
-/// (max, then sum, each splits x rows) it wrote to `partials`, or 0 to leave the call to the
-/// generic kernel. It may use at most `max_splits` splits.
+/// Forward LSE partials of the rows (or, `transposed`, of the columns). `run` returns the
+/// number of splits whose partial states (max, then sum, each splits x count) it wrote to
+/// `partials`, or 0 to leave the call to the generic kernel. It may use at most `max_splits`.
 template <class Exec>
-struct RowLseSpecialization {
+struct LseForwardSpecialization {
   template <class T, class Acc>
-  static int run(const Exec&, const TileProblem<T, Acc>&, index_t /*max_splits*/, Acc* /*partials*/) {
+  static int run(const Exec&, const TileProblem<T, Acc>&, bool /*transposed*/, index_t /*max_splits*/,
+                 Acc* /*partials*/) {
     return 0;
   }
 };
 
+/// One backward pass (a BackwardTiles functor `f`). `scratch_bytes` is what `run` needs in
+/// f.scratch for a pass with `owned` x `other` rows; `run` returns false to leave the pass to
+/// the generic kernel.
+template <class Exec>
+struct LseBackwardSpecialization {
+  template <class T>
+  static std::size_t scratch_bytes(const Exec&, index_t /*owned*/, index_t /*other*/, index_t /*depth*/) {
+    return 0;
+  }
+  template <class F>
+  static bool run(const Exec&, const F&) {
+    return false;
+  }
+};
+
+/// Scratch for both backward passes over a rows x cols problem, to carve from a call's workspace.
+template <class T, class Exec>
+std::size_t backward_scratch_bytes(const Exec& exec, index_t rows, index_t cols, index_t depth) {
+  if (!specializations_enabled()) return 0;
+  const std::size_t by_rows = LseBackwardSpecialization<Exec>::template scratch_bytes<T>(exec, rows, cols, depth);
+  const std::size_t by_cols = LseBackwardSpecialization<Exec>::template scratch_bytes<T>(exec, cols, rows, depth);
+  return by_rows > by_cols ? by_rows : by_cols;
+}
+
 }  // namespace tlse::impl
 
 #if defined(KOKKOS_ENABLE_CUDA)
-#include <tlse/backends/cuda/row_lse_cuda.hpp>
+#include <tlse/backends/cuda/cuda_specializations.hpp>
 #endif

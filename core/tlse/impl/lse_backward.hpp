@@ -6,6 +6,7 @@
 // no atomics are needed and results are bitwise reproducible. A tile whose softmax entries
 // are all below filter_eps (and that holds no target) skips its gradient product (CCE's
 // gradient filtering).
+#include <tlse/impl/backend_dispatch.hpp>
 #include <tlse/impl/dot_tile.hpp>
 
 namespace tlse::impl {
@@ -24,6 +25,8 @@ struct BackwardTiles {
   bool accumulate;                   // grad += result instead of grad = result
   Acc* dscale_part;                  // per owned position: sum_x dL/dz * dot (nullptr: not wanted)
   T* dbias;                          // per owned column id (column owners only; nullptr: not wanted)
+  char* scratch;                     // for a backend specialization: backward_scratch_bytes of the call
+  std::size_t scratch_bytes;
 
   static std::size_t scratch0_bytes() { return Scratch::bytes() + 2 * sizeof(Acc) * TM; }
   static std::size_t scratch1_bytes(index_t depth) { return sizeof(Acc) * TM * std::size_t(depth); }
@@ -148,6 +151,7 @@ void lse_backward_pass(const Exec& exec, const BackwardTiles<T, Acc>& f) {
   using F = BackwardTiles<T, Acc>;
   const index_t owned = f.owned().count;
   if (owned == 0) return;
+  if (f.other().count > 0 && specializations_enabled() && LseBackwardSpecialization<Exec>::run(exec, f)) return;
   const int teams = int((owned + F::TM - 1) / F::TM);
   const int team = is_host_space<Exec>() ? 1 : 64;
   Kokkos::TeamPolicy<Exec> policy(exec, teams, team);

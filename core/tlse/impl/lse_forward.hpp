@@ -170,9 +170,16 @@ void lse_forward(const Exec& exec, const TileProblem<T, Acc>& prob, const Forwar
                  Acc* row_lse, Acc* col_lse, Acc* col_logit_sum) {
   using Tile = GenericTile;
   const index_t nr = prob.rows.count, nc = prob.cols.count;
-  if (!col_lse && !col_logit_sum && nr > 0 && nc > 0 && specializations_enabled()) {
-    if (const index_t splits = RowLseSpecialization<Exec>::run(exec, prob, grid.grid_cols, partials)) {
+  if (!col_logit_sum && nr > 0 && nc > 0 && specializations_enabled()) {
+    // Row partials first (at most grid_cols splits), then the column partials where the generic
+    // layout puts them: both fit in forward_partials_size.
+    Acc* col_parts = partials + 2 * grid.grid_cols * nr;
+    const index_t splits = LseForwardSpecialization<Exec>::run(exec, prob, false, grid.grid_cols, partials);
+    const index_t col_splits =
+        splits && col_lse ? LseForwardSpecialization<Exec>::run(exec, prob, true, grid.grid_rows, col_parts) : 0;
+    if (splits && (col_splits || !col_lse)) {
       merge_lse_partials(exec, prob.rows, partials, partials + splits * nr, splits, row_lse);
+      if (col_lse) merge_lse_partials(exec, prob.cols, col_parts, col_parts + col_splits * nc, col_splits, col_lse);
       return;
     }
   }

@@ -1,0 +1,50 @@
+#pragma once
+// Registers the tensor-core kernels for Kokkos::Cuda: the forward LSE (lse_forward_mma.hpp) and
+// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs.
+#include <tlse/backends/cuda/lse_backward_mma.hpp>
+#include <tlse/backends/cuda/lse_forward_mma.hpp>
+#include <tlse/impl/backend_dispatch.hpp>
+
+#include <type_traits>
+
+namespace tlse::impl {
+
+template <class T>
+constexpr bool on_tensor_cores = std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value;
+
+template <>
+struct LseForwardSpecialization<Kokkos::Cuda> {
+  template <class T, class Acc>
+  static int run(const Kokkos::Cuda& exec, const TileProblem<T, Acc>& prob, bool transposed, index_t max_splits,
+                 Acc* partials) {
+    if constexpr (on_tensor_cores<T>) {
+      if (!cuda::LseForwardMma::applies(prob)) return 0;
+      return cuda::LseForwardMma::run(exec.cuda_stream(), exec.cuda_device(), prob, transposed, max_splits, partials);
+    } else {
+      return 0;
+    }
+  }
+};
+
+template <>
+struct LseBackwardSpecialization<Kokkos::Cuda> {
+  template <class T>
+  static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth) {
+    if constexpr (on_tensor_cores<T>) {
+      return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth);
+    } else {
+      return 0;
+    }
+  }
+  template <class F>
+  static bool run(const Kokkos::Cuda& exec, const F& f) {
+    using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
+    if constexpr (on_tensor_cores<T>) {
+      return cuda::LseBackwardMma::run<T>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch, f.scratch_bytes);
+    } else {
+      return false;
+    }
+  }
+};
+
+}  // namespace tlse::impl

@@ -1,0 +1,343 @@
+#pragma once
+// CUDA specialization of one backward pass (the gradient of the owned side) for bf16/fp16
+// inputs. The generic pass keeps a TM x depth accumulator per team, which does not fit on chip
+// at depth 4096; here the pass runs over chunks of owned rows, each in two tensor-core kernels:
+//   1. the tile sweep (nt_sweep.hpp) recomputes the logits of the chunk against the whole other
+//      side and its epilogue turns them into G = scale * dL/dx, stored as T in a chunk buffer
+//      (rows x other, bounded by chunk_budget_bytes), plus per-row partial sums for dscale/dbias;
+//   2. grad_product_kernel multiplies G by the other side's rows (K = the other side, so each
+//      output tile accumulates its whole sum in registers) and writes the gradient rows once,
+//      directly or, when a chunk has too few output tiles to fill the GPU, through a fixed-order
+//      split over K.
+// No atomics: results are bitwise reproducible. Everything lives in the caller's workspace.
+#include <tlse/backends/cuda/nt_sweep.hpp>
+#include <tlse/impl/workspace_carver.hpp>
+
+namespace tlse::impl::cuda {
+
+constexpr int LDSB = BN + 8;  // k-major B tile row stride in halves: 272 bytes, conflict-free ldmatrix.trans
+constexpr int PRODUCT_SMEM_BYTES = STAGES * (BM * LDS + BK * LDSB) * 2;
+static_assert(PRODUCT_SMEM_BYTES <= SWEEP_SMEM_BYTES + 1024, "both kernels fit two blocks per SM");
+
+/// What a gradient-sweep block needs, as one __grid_constant__ parameter (see ForwardParams).
+template <class T, class F>
+struct GradientParams {
+  F f;          // the pass (a BackwardTiles<T, float>): logit model, softmax terms, outputs
+  Side<T> A, B;  // owned side, other side
+  index_t a_begin, a_end, ldp;
+  int col_tiles_per_split;
+  unsigned* G;  // chunk buffer as pairs of T, or nullptr when no gradient rows are wanted
+  float *part_ds, *part_db;  // nullptr when neither dscale nor dbias is wanted
+};
+
+/// Epilogue of the gradient sweep: G into the chunk buffer, row sums of dL/dz * dot (dscale)
+/// and dL/dz (dbias) into the block's running totals.
+template <class T, class F>
+struct GradientEpilogue {
+  const GradientParams<T, F>& p;
+  index_t row0;
+  float (*red_ds)[BM];
+  float (*red_db)[BM];
+  float run_ds = 0, run_db = 0;
+
+  __device__ __forceinline__ void column_tile(TileAccumulator& acc, int ct) {
+    const WarpPosition w;
+    const index_t col_base = index_t(ct) * BN;
+    const float scale = p.f.prob.logit.scale;
+    const bool sums = p.part_ds != nullptr;
+  #pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+    #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r_local = w.row(mt, h);
+        const index_t o = row0 + r_local;
+        const bool o_ok = o < p.a_end;
+        const index_t oid = o_ok ? p.A.id(o) : 0;
+        float ds = 0, db = 0;
+      #pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          float g[2];
+        #pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const index_t x = col_base + w.col(nt, j);
+            const float dot = acc[mt][nt][2 * h + j];
+            float dz = 0;
+            if (o_ok && x < p.B.count) {
+              bool significant = false;
+              const index_t xid = p.B.id(x);
+              dz = p.f.dlogit(dot, p.f.owner_is_row ? oid : xid, p.f.owner_is_row ? xid : oid, significant);
+              ds += dz * dot;
+              db += dz;
+            }
+            g[j] = dz * scale;
+          }
+          const index_t x0 = col_base + w.col(nt, 0);
+          if (p.G && o_ok && x0 < p.ldp) p.G[((o - p.a_begin) * p.ldp + x0) / 2] = pack2<T>(g[0], g[1]);
+        }
+        if (sums) {
+          ds = quad_sum(ds);
+          db = quad_sum(db);
+          if ((w.lane & 3) == 0) red_ds[w.wn][r_local] = ds, red_db[w.wn][r_local] = db;
+        }
+      }
+    if (!sums) return;
+    __syncthreads();
+    if (w.tid < BM) run_ds += column_warp_sum(red_ds, w.tid), run_db += column_warp_sum(red_db, w.tid);
+  }
+};
+
+/// Block (x, y): owned rows [a_begin + 128 x, + 128) against the other side's column tiles of
+/// split y. Row sums go to part_ds/part_db[y * chunk + row - a_begin].
+template <class T, class F>
+__global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid_constant__ GradientParams<T, F> p) {
+  extern __shared__ uint4 smem_raw[];
+  __shared__ float red_ds[4][BM], red_db[4][BM];
+  const index_t row0 = p.a_begin + index_t(blockIdx.x) * BM, chunk = p.a_end - p.a_begin;
+  const int total_ct = int((p.B.count + BN - 1) / BN);
+  const int ct_begin = blockIdx.y * p.col_tiles_per_split;
+  const int ct_end = ct_begin + p.col_tiles_per_split < total_ct ? ct_begin + p.col_tiles_per_split : total_ct;
+  GradientEpilogue<T, F> epi{p, row0, red_ds, red_db};
+  nt_sweep(p.A, p.B, p.f.prob.depth, row0, p.a_end, ct_begin, ct_end, reinterpret_cast<std::uint16_t*>(smem_raw), epi);
+  const int tid = threadIdx.x;
+  if (p.part_ds && tid < BM && row0 + tid < p.a_end) {
+    p.part_ds[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run_ds;
+    p.part_db[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run_db;
+  }
+}
+
+/// out = G (chunk x ldp, row-major) times the other side's rows X (K = X.count, row k of X
+/// at X.id(k)), 128 x 128 output tiles over depth D, K consumed 64 at a time through the same
+/// 3-stage cp.async pipeline; X's tile is stored k-major and read with ldmatrix.trans.
+/// gridDim.z == 1: writes gradient rows own.id(a_begin + m) (+= with accumulate); otherwise split
+/// z of K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel.
+template <class T>
+__global__ void __launch_bounds__(THREADS, 2)
+    grad_product_kernel(const std::uint16_t* G, index_t ldp, index_t chunk, Side<T> X, index_t D, int k_tiles_per_split,
+                        Side<T> own, index_t a_begin, T* grad, bool accumulate, float* part) {
+  extern __shared__ uint4 smem_raw[];
+  auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
+  const WarpPosition w;
+  const index_t m0 = index_t(blockIdx.x) * BM, n0 = index_t(blockIdx.y) * BN, nx = X.count;
+  const int total_kt = int((nx + BK - 1) / BK);
+  const int kt_begin = blockIdx.z * k_tiles_per_split;
+  const int kt_end = kt_begin + k_tiles_per_split < total_kt ? kt_begin + k_tiles_per_split : total_kt;
+  const int iters = kt_end > kt_begin ? kt_end - kt_begin : 0;
+  constexpr int STAGE = BM * LDS + BK * LDSB;
+
+  auto load = [&](int it, int stage) {
+    const index_t k0 = index_t(kt_begin + it) * BK;
+    std::uint16_t* sa = smem + stage * STAGE;
+    std::uint16_t* sb = sa + BM * LDS;
+  #pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+      const int c = w.tid + i * THREADS;
+      const int ar = c / (BK / 8), ak = (c % (BK / 8)) * 8;  // G: 128 rows x 64 k
+      const bool a_ok = m0 + ar < chunk && k0 + ak < ldp;   // G is zero-padded up to ldp
+      cp_async16(smem_address(sa + ar * LDS + ak), a_ok ? G + (m0 + ar) * ldp + k0 + ak : G, a_ok ? 16 : 0);
+      const int bk = c / (BN / 8), bn = (c % (BN / 8)) * 8;  // X: 64 k x 128 n
+      const bool b_ok = k0 + bk < nx && n0 + bn < D;
+      cp_async16(smem_address(sb + bk * LDSB + bn), b_ok ? X.data + X.id(k0 + bk) * D + n0 + bn : X.data,
+                 b_ok ? 16 : 0);
+    }
+  };
+
+  TileAccumulator acc;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+  #pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+    #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < iters) load(s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (it + STAGES - 1 < iters) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const std::uint16_t* sa = smem + (it % STAGES) * STAGE;
+    const std::uint16_t* sb = sa + BM * LDS;
+  #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned a[4][4], b[4][2];
+    #pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
+    #pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        unsigned r[4];
+        ldmatrix_x4_trans(r, smem_address(sb + (kk + ((w.lane >> 3) & 1) * 8 + (w.lane & 7)) * LDSB + w.wn * 32 +
+                                          p * 16 + (w.lane >> 4) * 8));
+        b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+      }
+    #pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+      #pragma unroll
+        for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const index_t m = m0 + w.row(mt, h);
+      if (m >= chunk) continue;
+    #pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const index_t n = n0 + w.col(nt, 0);  // even, and D % 8 == 0: n + 1 < D too
+        if (n >= D) continue;
+        float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+        if (gridDim.z > 1) {
+          *reinterpret_cast<float2*>(part + (index_t(blockIdx.z) * chunk + m) * D + n) = make_float2(v0, v1);
+          continue;
+        }
+        T* out = grad + own.id(a_begin + m) * D + n;
+        if (accumulate) v0 += to_acc<float>(out[0]), v1 += to_acc<float>(out[1]);
+        out[0] = from_acc<T>(v0), out[1] = from_acc<T>(v1);
+      }
+    }
+}
+
+/// Sums the K splits of grad_product_kernel in order and writes the gradient rows.
+template <class T>
+__global__ void gradient_reduce_kernel(const float* part, int splits, index_t chunk, index_t D, Side<T> own,
+                                       index_t a_begin, T* grad, bool accumulate) {
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < chunk * D; i += index_t(gridDim.x) * blockDim.x) {
+    float v = 0;
+    for (int z = 0; z < splits; ++z) v += part[z * chunk * D + i];
+    T& out = grad[own.id(a_begin + i / D) * D + i % D];
+    out = from_acc<T>(accumulate ? v + to_acc<float>(out) : v);
+  }
+}
+
+/// Sums the sweep splits' row sums in order: dscale_part[a_begin + m] (by position) and
+/// dbias[own.id(a_begin + m)] (by id, += with accumulate), each only where wanted.
+template <class T>
+__global__ void row_sums_reduce_kernel(const float* part_ds, const float* part_db, int splits, index_t chunk,
+                                       Side<T> own, index_t a_begin, float* dscale_part, T* dbias, bool accumulate) {
+  const index_t m = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (m >= chunk) return;
+  float ds = 0, db = 0;
+  for (int y = 0; y < splits; ++y) ds += part_ds[y * chunk + m], db += part_db[y * chunk + m];
+  if (dscale_part) dscale_part[a_begin + m] = ds;
+  if (dbias) {
+    T& out = dbias[own.id(a_begin + m)];
+    out = from_acc<T>(accumulate ? db + to_acc<float>(out) : db);
+  }
+}
+
+/// How one backward pass is cut: chunks of owned rows whose G buffer fits chunk_budget_bytes,
+/// sweep splits for about four resident blocks per SM, and K splits of the product when a
+/// chunk's output tiles would not fill the GPU twice.
+struct BackwardPlan {
+  static constexpr std::size_t chunk_budget_bytes = std::size_t(64) << 20;
+  index_t ldp = 0, chunk = 0;
+  int sweep_splits = 1, k_splits = 1, col_tiles_per_split = 1, k_tiles_per_split = 1;
+
+  static BackwardPlan make(index_t owned, index_t other, index_t depth, int sms) {
+    BackwardPlan p;
+    p.ldp = (other + 7) / 8 * 8;
+    const index_t owned_rounded = (owned + BM - 1) / BM * BM;
+    index_t chunk = index_t(chunk_budget_bytes / (std::size_t(p.ldp) * 2)) / BM * BM;
+    p.chunk = chunk < BM ? BM : chunk > owned_rounded ? owned_rounded : chunk;
+    const index_t row_tiles = p.chunk / BM, col_tiles = (other + BN - 1) / BN;
+    const index_t sweep = std::min<index_t>(col_tiles, (4 * index_t(sms) + row_tiles - 1) / row_tiles);
+    p.sweep_splits = int(sweep < 1 ? 1 : sweep);
+    p.col_tiles_per_split = int((col_tiles + p.sweep_splits - 1) / p.sweep_splits);
+    const index_t out_tiles = row_tiles * ((depth + BN - 1) / BN), k_tiles = (other + BK - 1) / BK;
+    const index_t ks = std::min<index_t>({8, k_tiles, (2 * index_t(sms) + out_tiles - 1) / out_tiles});
+    p.k_splits = int(ks < 1 ? 1 : ks);
+    p.k_tiles_per_split = int((k_tiles + p.k_splits - 1) / p.k_splits);
+    return p;
+  }
+
+  struct Buffers {
+    std::uint16_t* G;
+    float *part, *part_ds, *part_db;
+  };
+  Buffers carve(WorkspaceCarver& c, index_t depth) const {
+    Buffers b;
+    b.G = c.take<std::uint16_t>(ldp * chunk);
+    b.part = c.take<float>(k_splits > 1 ? k_splits * chunk * depth : 0);
+    b.part_ds = c.take<float>(index_t(sweep_splits) * chunk);
+    b.part_db = c.take<float>(index_t(sweep_splits) * chunk);
+    return b;
+  }
+  std::size_t bytes(index_t depth) const {
+    WorkspaceCarver c;
+    carve(c, depth);
+    return c.bytes();
+  }
+};
+
+struct LseBackwardMma {
+  template <class T>
+  static bool applies(const TileProblem<T, float>& prob) {
+    return sweep_applies(prob);
+  }
+
+  /// Scratch one pass needs (owned x other rows, depth), the same for either orientation.
+  static std::size_t scratch_bytes(int device, index_t owned, index_t other, index_t depth) {
+    if (owned == 0 || other == 0 || depth == 0) return 0;
+    return BackwardPlan::make(owned, other, depth, multiprocessors(device)).bytes(depth);
+  }
+
+  /// Runs the pass described by f (a BackwardTiles<T, float>) on `stream`; false when the
+  /// problem does not qualify or the scratch is too small (the caller then runs the generic pass).
+  template <class T, class F>
+  static bool run(cudaStream_t stream, int device, const F& f, char* scratch, std::size_t scratch_bytes) {
+    if (!applies(f.prob)) return false;
+    const Side<T>& own = f.owner_is_row ? f.prob.rows : f.prob.cols;
+    const Side<T>& other = f.owner_is_row ? f.prob.cols : f.prob.rows;
+    const index_t D = f.prob.depth;
+    const BackwardPlan plan = BackwardPlan::make(own.count, other.count, D, multiprocessors(device));
+    if (scratch == nullptr || scratch_bytes < plan.bytes(D)) return false;
+    static const bool configured =
+        (raise_smem_limit(gradient_sweep_kernel<T, F>, SWEEP_SMEM_BYTES, "gradient_sweep_kernel"),
+         raise_smem_limit(grad_product_kernel<T>, PRODUCT_SMEM_BYTES, "grad_product_kernel"), true);
+    (void)configured;
+    WorkspaceCarver carver(scratch + (64 - reinterpret_cast<std::uintptr_t>(scratch) % 64) % 64);
+    const BackwardPlan::Buffers buf = plan.carve(carver, D);
+    const bool sums = f.dscale_part != nullptr || f.dbias != nullptr;
+    for (index_t a_begin = 0; a_begin < own.count; a_begin += plan.chunk) {
+      const index_t a_end = std::min(own.count, a_begin + plan.chunk), chunk = a_end - a_begin;
+      const index_t row_tiles = (chunk + BM - 1) / BM;
+      const GradientParams<T, F> params{f,
+                                        own,
+                                        other,
+                                        a_begin,
+                                        a_end,
+                                        plan.ldp,
+                                        plan.col_tiles_per_split,
+                                        f.grad ? reinterpret_cast<unsigned*>(buf.G) : nullptr,
+                                        sums ? buf.part_ds : nullptr,
+                                        sums ? buf.part_db : nullptr};
+      gradient_sweep_kernel<T, F>
+          <<<dim3(unsigned(row_tiles), unsigned(plan.sweep_splits)), THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
+      check_launch("gradient_sweep_kernel");
+      if (sums) {
+        row_sums_reduce_kernel<T><<<unsigned((chunk + 255) / 256), 256, 0, stream>>>(
+            buf.part_ds, buf.part_db, plan.sweep_splits, chunk, own, a_begin, f.dscale_part, f.dbias, f.accumulate);
+        check_launch("row_sums_reduce_kernel");
+      }
+      if (!f.grad) continue;
+      const dim3 grid(unsigned(row_tiles), unsigned((D + BN - 1) / BN), unsigned(plan.k_splits));
+      grad_product_kernel<T><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
+          buf.G, plan.ldp, chunk, other, D, plan.k_tiles_per_split, own, a_begin, f.grad, f.accumulate, buf.part);
+      check_launch("grad_product_kernel");
+      if (plan.k_splits > 1) {
+        gradient_reduce_kernel<T><<<unsigned(std::min<index_t>((chunk * D + 255) / 256, 8192)), 256, 0, stream>>>(
+            buf.part, plan.k_splits, chunk, D, own, a_begin, f.grad, f.accumulate);
+        check_launch("gradient_reduce_kernel");
+      }
+    }
+    return true;
+  }
+};
+
+}  // namespace tlse::impl::cuda

@@ -1,0 +1,97 @@
+#pragma once
+// The PTX building blocks of the tensor-core kernels (sm_80+ instructions, which CUDA 11.8
+// compiles for sm_90): mma.sync m16n8k16 with fp32 accumulation, cp.async 16-byte copies into
+// shared memory, ldmatrix (plain and transposed) and the reductions over a quad of lanes that
+// share a row of an mma accumulator.
+#include <tlse/impl/tile_problem.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace tlse::impl::cuda {
+
+template <class T>
+struct MmaOp;
+template <>
+struct MmaOp<bfloat16> {
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <>
+struct MmaOp<float16> {
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+/// 16-byte asynchronous copy; src_bytes = 0 zero-fills (edges of the matrix).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/// Transposed: for an operand stored k-major ([k][n], n contiguous) this yields the "col"
+/// fragments mma.sync expects for B.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ float quad_max(float v) {
+  for (int o = 1; o < 4; o <<= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  for (int o = 1; o < 4; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// Two adjacent 16-bit values packed for one 32-bit store (first value in the low half).
+template <class T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  return unsigned(from_acc<T>(lo).bits) | (unsigned(from_acc<T>(hi).bits) << 16);
+}
+
+/// Throws with the kernel's name when a launch failed.
+inline void check_launch(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string("tlse: ") + kernel + ": " + cudaGetErrorString(err));
+}
+
+/// Raises a kernel's dynamic shared-memory limit once; throws if the device refuses.
+template <class Kernel>
+void raise_smem_limit(Kernel kernel, int bytes, const char* name) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+    throw std::runtime_error(std::string("tlse: cannot raise the shared-memory limit of ") + name);
+}
+
+inline int multiprocessors(int device) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms > 0 ? sms : 1;
+}
+
+}  // namespace tlse::impl::cuda

@@ -1,0 +1,133 @@
+#pragma once
+// The tensor-core tile sweep shared by the forward and the backward: a block takes 128 rows of
+// side A and sweeps a range of 128-column tiles of side B, computing each 128 x 128 tile of
+// dot products A_a . B_b on tensor cores (mma.sync m16n8k16, fp32 accumulation) from operands
+// staged in shared memory by a 3-stage cp.async pipeline (128 x 128 x 64) that runs on across
+// column tiles. What happens to a finished tile is the epilogue's business: the forward folds it
+// into online LSE states, the backward turns it into dL/dx. The tile never leaves the SM.
+#include <tlse/backends/cuda/mma_primitives.hpp>
+
+namespace tlse::impl::cuda {
+
+constexpr int BM = 128, BN = 128, BK = 64, STAGES = 3, THREADS = 256;
+constexpr int LDS = BK + 8;  // shared row stride in halves: 144 bytes keeps ldmatrix conflict-free
+constexpr int CHUNKS = BM * BK / 8 / THREADS;  // 16-byte copies per thread per operand and stage
+constexpr int SWEEP_SMEM_BYTES = STAGES * (BM + BN) * LDS * 2;
+
+/// Accumulator layout of a warp (8 warps as 2 x 4, each a 64 x 32 sub-tile of 4 x 4 mma tiles):
+/// acc[mt][nt][2 h + j] holds row  wm * 64 + mt * 16 + lane / 4 + 8 h  and
+/// column  wn * 32 + nt * 8 + (lane % 4) * 2 + j  of the block's tile.
+using TileAccumulator = float[4][4][4];
+
+struct WarpPosition {
+  int tid, lane, wm, wn;
+  __device__ WarpPosition() : tid(threadIdx.x), lane(threadIdx.x & 31), wm((threadIdx.x >> 5) >> 2), wn((threadIdx.x >> 5) & 3) {}
+  __device__ int row(int mt, int h) const { return wm * 64 + mt * 16 + (lane >> 2) + 8 * h; }
+  __device__ int col(int nt, int j) const { return wn * 32 + nt * 8 + (lane & 3) * 2 + j; }
+};
+
+/// Sweeps column tiles [ct_begin, ct_end) of B against rows [row0, row0 + BM) of A (positions
+/// at or past a_end read as zero). Calls epi.column_tile(acc, ct) after each column tile, with
+/// every thread of the block, then clears the accumulator. Needs SWEEP_SMEM_BYTES of dynamic
+/// shared memory at `smem`; depth a multiple of 8 and 16-byte aligned rows.
+template <class T, class Epilogue>
+__device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index_t K, index_t row0, index_t a_end,
+                                         int ct_begin, int ct_end, std::uint16_t* smem, Epilogue& epi) {
+  const WarpPosition w;
+  const index_t nb = B.count;
+  const int KT = int((K + BK - 1) / BK);
+  const int iters = ct_end > ct_begin ? (ct_end - ct_begin) * KT : 0;
+
+  // Each thread copies CHUNKS 16-byte chunks of A and of B per stage: chunk c = tid + 256 i,
+  // row c / (BK / 8), depth offset (c % (BK / 8)) * 8. A's rows are fixed for the whole block.
+  const T* a_row[CHUNKS];
+  bool a_ok[CHUNKS];
+#pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int r = (w.tid + i * THREADS) / (BK / 8);
+    a_ok[i] = row0 + r < a_end;
+    a_row[i] = A.data + (a_ok[i] ? A.id(row0 + r) : 0) * K;
+  }
+  auto load = [&](int it, int stage) {
+    const int ct = ct_begin + it / KT;
+    const index_t k0 = index_t(it % KT) * BK;
+    std::uint16_t* sa = smem + stage * (BM + BN) * LDS;
+    std::uint16_t* sb = sa + BM * LDS;
+  #pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+      const int c = w.tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
+      const bool k_ok = k0 + kc < K;  // depth % 8 == 0: a chunk never straddles the end
+      cp_async16(smem_address(sa + r * LDS + kc), a_ok[i] && k_ok ? a_row[i] + k0 + kc : A.data,
+                 a_ok[i] && k_ok ? 16 : 0);
+      const index_t b = index_t(ct) * BN + r;
+      const bool b_ok = b < nb && k_ok;
+      cp_async16(smem_address(sb + r * LDS + kc), b_ok ? B.data + B.id(b) * K + k0 + kc : B.data, b_ok ? 16 : 0);
+    }
+  };
+
+  TileAccumulator acc;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+  #pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+    #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < iters) load(s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (it + STAGES - 1 < iters) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const std::uint16_t* sa = smem + (it % STAGES) * (BM + BN) * LDS;
+    const std::uint16_t* sb = sa + BM * LDS;
+  #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned a[4][4], b[4][2];
+    #pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
+    #pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        unsigned r[4];
+        ldmatrix_x4(r, smem_address(sb + (w.wn * 32 + p * 16 + (w.lane & 7) + (w.lane >> 4) * 8) * LDS + kk +
+                                    ((w.lane >> 3) & 1) * 8));
+        b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+      }
+    #pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+      #pragma unroll
+        for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
+    }
+    if (it % KT != KT - 1) continue;
+    epi.column_tile(acc, ct_begin + it / KT);
+  #pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+    #pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+      #pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+  }
+  cp_async_wait<0>();
+}
+
+/// Whether the sweep takes a problem: depth a multiple of 8 and 16-byte aligned rows (cp.async
+/// copies 16 bytes), both sides non-empty.
+template <class T>
+bool sweep_applies(const TileProblem<T, float>& prob) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return prob.depth > 0 && prob.depth % 8 == 0 && aligned(prob.rows.data) && aligned(prob.cols.data) &&
+         prob.rows.count > 0 && prob.cols.count > 0;
+}
+
+/// Sums per-row values over the 4 column warps in a fixed order: each warp's quad leader puts
+/// its row value in red[wn][row]; after the barrier thread `tid < BM` owns row tid.
+__device__ __forceinline__ float column_warp_sum(const float (*red)[BM], int row) {
+  return ((red[0][row] + red[1][row]) + red[2][row]) + red[3][row];
+}
+
+}  // namespace tlse::impl::cuda
