@@ -37,9 +37,11 @@ class TiledContrastive {
   using Input = Kokkos::View<const T**, Kokkos::LayoutRight, Mem>;
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
-  TiledContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale)
+  TiledContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale,
+                   Precision precision = Precision::exact)
       : exec_(exec), I_(I), T_(Tx), row_lse_("row_lse", I.extent(0)), col_lse_("col_lse", I.extent(0)) {
     opts_.scale = scale;
+    opts_.precision = precision;
     workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", contrastive_loss_workspace_bytes(exec, I, Tx, opts_));
     opts_.workspace = {workspace_.data(), workspace_.size()};
     Kokkos::deep_copy(dloss_, Acc(1));
@@ -76,8 +78,10 @@ class TiledCrossEntropy {
   using Targets = Kokkos::View<const int*, Mem>;
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
-  TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets)
+  TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets,
+                    Precision precision = Precision::exact)
       : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)) {
+    opts_.precision = precision;
     workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", cross_entropy_workspace_bytes(exec, E, C, opts_));
     opts_.workspace = {workspace_.data(), workspace_.size()};
     Kokkos::deep_copy(dloss_, Acc(1));

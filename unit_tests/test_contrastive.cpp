@@ -30,7 +30,7 @@ struct Contrastive : ::testing::Test {
     auto dl = vector_to_device<typename C::AccView>({dloss});
     tlse::contrastive_loss_backward(exec, Id, Td, lab, row_lse, col_lse, dl, dI, dT, dscale, o);
 
-    Tolerance<T> tol(I, Tm, o.scale);
+    Tolerance<T> tol(I, Tm, o.scale, 0, tf32_roundoff(o.precision));
     const double lse_tol = tol.lse(std::max(max_abs(ref.row_lse), max_abs(ref.col_lse)), b);
     if (o.direction != tlse::Direction::text_to_image)
       expect_close("row_lse", to_host(row_lse), ref.row_lse, [&](std::size_t) { return lse_tol; });
@@ -106,6 +106,16 @@ TYPED_TEST(Contrastive, BatchOfOneAndDepthSweep) {
 TYPED_TEST(Contrastive, LargerThanSeveralTiles) {
   TLSE_SEEDED(rng);
   this->check(rng, 211, 48, with_scale(20));
+}
+
+TYPED_TEST(Contrastive, Tf32Precision) {
+  // Float inputs on CUDA take the TF32 tensor cores (checked at TF32 roundoff); elsewhere exact.
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "Precision::tf32 concerns float";
+  TLSE_SEEDED(rng);
+  auto o = with_scale(14.3);
+  o.precision = tlse::Precision::tf32;
+  this->check(rng, 211, 48, o);
+  this->check(rng, 300, 132, o, true);
 }
 
 TYPED_TEST(Contrastive, ExtremeLogitsNear1e4) {

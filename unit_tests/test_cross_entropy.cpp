@@ -73,7 +73,7 @@ struct CrossEntropy : ::testing::Test {
     for (auto& v : dloss) v = representable<Acc>(up(rng));
     const auto ref = tlse::testing::cross_entropy_reference(in.E, in.W, in.bias, in.targets, o, dloss);
 
-    Tolerance<T> tol(in.E, in.W, 1.0, max_abs_finite(in.bias) + o.softcap);
+    Tolerance<T> tol(in.E, in.W, 1.0, max_abs_finite(in.bias) + o.softcap, tf32_roundoff(o.precision));
     const double lse_max = max_abs(ref.lse);
     const double g_max = (1 + 2 * o.z_loss * lse_max) * max_abs(dloss) / (o.reduction == tlse::Reduction::mean && ref.active ? ref.active : 1);
     const auto got_lse = to_host(lse);
@@ -139,6 +139,17 @@ TYPED_TEST(CrossEntropy, SeveralTensorCoreTiles) {
   auto o = exact();
   o.softcap = 20;
   this->check({129, 257, 8, o, 4.0, 0.3, true, true}, rng);
+}
+
+TYPED_TEST(CrossEntropy, Tf32Precision) {
+  // Float inputs on CUDA take the TF32 tensor cores (checked at TF32 roundoff); elsewhere exact.
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "Precision::tf32 concerns float";
+  TLSE_SEEDED(rng);
+  auto o = exact();
+  o.precision = tlse::Precision::tf32;
+  this->check({300, 1000, 72, o}, rng);
+  o.softcap = 20;
+  this->check({129, 257, 12, o, 4.0, 0.3, true, true}, rng);
 }
 
 TYPED_TEST(CrossEntropy, WideVocabularyManyTilesPerTeam) {

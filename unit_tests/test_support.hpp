@@ -148,7 +148,10 @@ inline double max_abs(const std::vector<double>& v) {
 template <class T>
 struct Tolerance {
   double u = acc_roundoff<T>(), u_out = output_roundoff<T>(), floor = underflow_floor<T>(), delta = 0;
-  Tolerance(const Matrix& A, const Matrix& B, double scale, double extra_logit = 0) {
+  /// u_products: unit roundoff of the tile products when coarser than the accumulator's
+  /// (TF32 rounds each operand to 2^-11, a product to about 2^-10).
+  Tolerance(const Matrix& A, const Matrix& B, double scale, double extra_logit = 0, double u_products = 0) {
+    u = std::max(u, u_products);
     delta = 4 * std::sqrt(double(std::max<std::int64_t>(A.cols, 1))) * u * std::fabs(scale) * max_row_norm(A) *
                 max_row_norm(B) +
             4 * u * extra_logit;
@@ -160,6 +163,9 @@ struct Tolerance {
     return (4 * delta + 8 * u * std::sqrt(double(n) + 1)) * mag + u_out * std::fabs(ref) + floor;
   }
 };
+
+/// The product roundoff a Tolerance needs for a call's precision option.
+inline double tf32_roundoff(tlse::Precision p) { return p == tlse::Precision::tf32 ? 0x1p-10 : 0; }
 
 /// Element-wise comparison that reports the worst offender.
 template <class TolFn>

@@ -20,8 +20,9 @@ struct Tolerance {
 };
 
 template <class T>
-Tolerance tolerance() {
+Tolerance tolerance(bool tf32) {
   if (std::is_same<T, double>::value) return {1e-9, 1e-9};
+  if (std::is_same<T, float>::value && tf32) return {0x1p-9, 0x1p-7};
   if (std::is_same<T, float>::value) return {1e-5, 1e-4};
   return {1e-5, storage_epsilon<T>()};  // bf16: 2^-7, f16: 2^-10
 }

@@ -19,6 +19,7 @@ struct Options {
   Job job = Job::contrastive;
   std::int64_t batch = 0, tokens = 0, dim = 0, vocab = 0;
   DType dtype = DType::f32;
+  bool tf32 = false;  // --precision tf32
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -57,6 +58,8 @@ common options:
   --check                    compare loss and gradients (of TiledLSE and of the baseline) with
                              the float64 reference, which materializes everything and costs
                              O(rows x cols x dim) serial work; exit 1 on a mismatch
+  --precision exact|tf32     f32 only: tf32 lets the CUDA tensor cores multiply in TF32
+                             (tlse::Precision::tf32; default exact)
   --kokkos-...               passed to Kokkos (e.g. --kokkos-threads=2)
 
 --check tolerances: loss error <= tol_loss * (1 + |loss|), gradient error
@@ -69,6 +72,8 @@ max|g - g_ref| <= tol_grad * max|g_ref|; the reference is fed the inputs after r
          for f32; gradients are rounded to 8 significant bits (error <= 2^-8 of each element),
          the other half of the budget is float accumulation and gradient filtering.
   f16    tol_loss 1e-5, tol_grad 2^-10: as bf16 with 11 significant bits.
+  tf32   tol_loss 2^-9, tol_grad 2^-7: operands rounded to 11 significant bits, so logits err
+         ~2^-10 relative to scale |a| |b| (randomly signed over the depth); gradients as bf16.
 
 Times are fenced wall-clock medians. Extra memory is what a call allocates beyond its inputs,
 outputs and gradients: TiledLSE's workspace and saved LSEs (plus per-team scratch of a fixed
@@ -159,6 +164,10 @@ inline Options parse_command_line(int argc, const char* const* argv) {
       o.baseline = false;
     } else if (flag == "--dtype") {
       o.dtype = detail::dtype(flag, next());
+    } else if (flag == "--precision") {
+      const std::string& p = next();
+      if (p != "exact" && p != "tf32") throw UsageError(flag + " expects exact or tf32, got '" + p + "'");
+      o.tf32 = p == "tf32";
     } else if (flag == "--iterations") {
       const std::int64_t k_it = detail::positive_integer(flag, next());
       if (k_it > 1000000) throw UsageError(flag + " must be at most 1000000, got '" + std::to_string(k_it) + "'");
@@ -190,6 +199,7 @@ inline Options parse_command_line(int argc, const char* const* argv) {
     require(o.vocab, "--vocab");
   }
   require(o.dim, "--dim");
+  if (o.tf32 && o.dtype != DType::f32) throw UsageError("--precision tf32 applies to --dtype f32 only");
   return o;
 }
 

@@ -38,10 +38,12 @@ Outcome measure(const Options& o, const std::string& name, Loss& loss, std::int6
   return r;
 }
 
+inline Precision precision(const Options& o) { return o.tf32 ? Precision::tf32 : Precision::exact; }
+
 inline void print_header(const Options& o, const char* dtype, const std::string& sizes) {
   const Exec exec;
-  std::printf("tlse %s: %s, dtype %s, seed %llu\n", o.job == Job::contrastive ? "contrastive" : "cross-entropy",
-              sizes.c_str(), dtype, (unsigned long long)o.seed);
+  std::printf("tlse %s: %s, dtype %s%s, seed %llu\n", o.job == Job::contrastive ? "contrastive" : "cross-entropy",
+              sizes.c_str(), dtype, o.tf32 ? " (products in tf32)" : "", (unsigned long long)o.seed);
   std::printf("Kokkos %s, concurrency %d; times: median of %d after 1 warm-up, fenced\n", Exec::name(),
               int(exec.concurrency()), o.iterations);
 }
@@ -61,7 +63,7 @@ int run_contrastive(const Options& o) {
 
   std::vector<Outcome> outcomes;
   {
-    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale);
+    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale, precision(o));
     outcomes.push_back(measure<T>(o, "TiledLSE", tiled, b, b, c));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
                                   " + saved row/column LSEs; plus team scratch " +
@@ -82,7 +84,7 @@ int run_contrastive(const Options& o) {
   ContrastiveOptions ref_opts;
   ref_opts.scale = o.scale;
   const auto ref = testing::contrastive_reference(problem.I, problem.T, {}, ref_opts, 1.0);
-  return check_outcomes(outcomes, ref.loss, {&ref.dI, &ref.dT}, {"dI", "dT"}, tolerance<T>()) ? 0 : 1;
+  return check_outcomes(outcomes, ref.loss, {&ref.dI, &ref.dT}, {"dI", "dT"}, tolerance<T>(o.tf32)) ? 0 : 1;
 }
 
 template <class T>
@@ -97,7 +99,7 @@ int run_cross_entropy(const Options& o) {
 
   std::vector<Outcome> outcomes;
   {
-    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets);
+    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o));
     outcomes.push_back(measure<T>(o, "TiledLSE", tiled, N, V, D));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
                                   " + saved LSEs; plus team scratch " +
@@ -116,7 +118,7 @@ int run_cross_entropy(const Options& o) {
 
   announce_reference(5.0 * double(N) * double(V) * double(D));
   const auto ref = testing::cross_entropy_reference(problem.E, problem.C, {}, problem.targets, CrossEntropyOptions{}, {1.0});
-  return check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>()) ? 0 : 1;
+  return check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>(o.tf32)) ? 0 : 1;
 }
 
 }  // namespace tlse::app

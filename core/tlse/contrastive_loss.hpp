@@ -15,6 +15,7 @@ struct ContrastiveOptions {
   double scale = 1.0;  ///< logit scale (1 / temperature); finite, >= 0
   Direction direction = Direction::symmetric;  ///< ignored by the self-similarity form
   bool accumulate = false;  ///< backward: dI += ..., dT += ..., dscale += ... instead of overwriting
+  Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
   NonFinite non_finite = NonFinite::propagate;
   Workspace workspace{};
 };
@@ -39,10 +40,10 @@ struct ContrastiveCore {
   bool want_col;
 
   /// The larger of the forward's and the backward's workspace.
-  static std::size_t workspace_bytes(const Exec& exec, index_t b, index_t depth, bool want_col) {
+  static std::size_t workspace_bytes(const Exec& exec, index_t b, index_t depth, bool want_col, Precision p) {
     WorkspaceCarver forward, backward;
-    layout(exec, forward, b, depth, want_col, false);
-    layout(exec, backward, b, depth, want_col, true);
+    layout(exec, forward, b, depth, want_col, p, false);
+    layout(exec, backward, b, depth, want_col, p, true);
     return std::max(forward.bytes(), backward.bytes());
   }
   struct Arrays {
@@ -51,7 +52,8 @@ struct ContrastiveCore {
     char* scratch;  // backward only: for a backend's backward passes
     std::size_t scratch_bytes;
   };
-  static Arrays layout(const Exec& exec, WorkspaceCarver& c, index_t b, index_t depth, bool want_col, bool backward) {
+  static Arrays layout(const Exec& exec, WorkspaceCarver& c, index_t b, index_t depth, bool want_col, Precision p,
+                       bool backward) {
     Arrays a;
     a.positive = c.take<int>(b);
     a.row_lse = c.take<Acc>(b);
@@ -63,7 +65,7 @@ struct ContrastiveCore {
     a.g_col = c.take<Acc>(want_col ? b : 0);
     a.total = c.take<Acc>(1);
     a.partials = c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
-    a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, b, b, depth) : 0;
+    a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, b, b, depth, p) : 0;
     a.scratch = c.take<char>(index_t(a.scratch_bytes));
     return a;
   }
@@ -165,9 +167,10 @@ void copy_out(const Exec& exec, const Acc* from, Acc* to, index_t n) {
 
 /// Workspace bytes contrastive_loss and contrastive_loss_backward need for batch b.
 template <class Exec, class IV, class TV>
-std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, const TV&, const ContrastiveOptions& = {}) {
+std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, const TV&,
+                                             const ContrastiveOptions& opts = {}) {
   using T = impl::scalar_of<IV>;
-  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, I.extent(0), I.extent(1), true);
+  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, I.extent(0), I.extent(1), true, opts.precision);
 }
 
 /// Forward. I, T: (b x c) image and text features, row-major, same scalar type; labels: (b)
@@ -194,10 +197,10 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
   Kokkos::Profiling::pushRegion("tlse::contrastive_loss");
   const impl::DirectionWeights w(opts.direction);
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
-  const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale), b, w.col != 0};
+  const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, false); },
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts.precision, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_positives(exec, labels, b, a.positive);
         core.forward(a, w, loss.data());
@@ -255,10 +258,10 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::contrastive_loss_backward");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
-  const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale), b, w.col != 0};
+  const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, true); },
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts.precision, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_positives(exec, labels, b, a.positive);
         core.backward(a, w, row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
@@ -270,9 +273,10 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
 
 /// Workspace bytes self_contrastive_loss and its backward need for Z.
 template <class Exec, class ZV>
-std::size_t self_contrastive_loss_workspace_bytes(const Exec& exec, const ZV& Z, const ContrastiveOptions& = {}) {
+std::size_t self_contrastive_loss_workspace_bytes(const Exec& exec, const ZV& Z,
+                                                  const ContrastiveOptions& opts = {}) {
   using T = impl::scalar_of<ZV>;
-  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, Z.extent(0), Z.extent(1), false);
+  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, Z.extent(0), Z.extent(1), false, opts.precision);
 }
 
 namespace impl {
@@ -287,8 +291,8 @@ index_t check_self(const Exec& exec, const ArgumentChecker& check, const ZV& Z, 
 }
 
 template <class T, class Acc, class ZV>
-TileProblem<T, Acc> self_problem(const ZV& Z, double scale) {
-  auto p = make_problem<T, Acc>(Z, Z, scale);
+TileProblem<T, Acc> self_problem(const ZV& Z, const ContrastiveOptions& o) {
+  auto p = make_problem<T, Acc>(Z, Z, o.scale, o.precision);
   p.logit.exclude_diagonal = true;
   return p;
 }
@@ -318,9 +322,9 @@ void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, con
   const bool want_lse = check.optional("lse", lse, n, "Z's row count");
   Kokkos::Profiling::pushRegion("tlse::self_contrastive_loss");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
-  const Core core{exec, impl::self_problem<T, Acc>(Z, opts.scale), n, false};
+  const Core core{exec, impl::self_problem<T, Acc>(Z, opts), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, false); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts.precision, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.forward(a, impl::DirectionWeights(Direction::image_to_text), loss.data());
@@ -352,9 +356,9 @@ void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& l
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::self_contrastive_loss_backward");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
-  const Core core{exec, impl::self_problem<T, Acc>(Z, opts.scale), n, false};
+  const Core core{exec, impl::self_problem<T, Acc>(Z, opts), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, true); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts.precision, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.backward(a, impl::DirectionWeights(Direction::image_to_text), lse.data(), nullptr, dloss.data(),

@@ -23,6 +23,7 @@ struct CrossEntropyOptions {
   double z_loss = 0;                 ///< adds z_loss * lse_i^2 to each row's loss
   double filter_eps = filter_eps_auto;  ///< backward: skip tiles whose softmax is all below this; 0: exact
   bool accumulate = false;           ///< backward: dE += ..., dC += ..., dbias += ... instead of overwriting
+  Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
   NonFinite non_finite = NonFinite::propagate;
   Workspace workspace{};
 };
@@ -83,7 +84,7 @@ struct CrossEntropyCall {
   }
 
   TileProblem<T, Acc> problem(const int* active, const int* vocab_order) const {
-    auto p = make_problem<T, Acc>(E, C, 1.0);
+    auto p = make_problem<T, Acc>(E, C, 1.0, o.precision);
     p.rows.index = active;
     p.rows.count = active_count;
     p.cols.index = vocab_order;
@@ -171,13 +172,14 @@ void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const Or
 
 /// Workspace bytes cross_entropy and cross_entropy_backward need (the larger of the two).
 template <class Exec, class EV, class CV>
-std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const CV& C, const CrossEntropyOptions& = {}) {
+std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const CV& C,
+                                          const CrossEntropyOptions& opts = {}) {
   using T = impl::scalar_of<EV>;
   using Acc = accumulator_t<T>;
   const impl::index_t N = E.extent(0), V = C.extent(0), D = E.extent(1);
   impl::WorkspaceCarver forward, backward;
   impl::CrossEntropyForwardArrays<Acc>::carve(forward, exec, N, V, true);
-  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, N, V, D));
+  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, N, V, D, opts.precision));
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -296,7 +298,7 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
   Kokkos::Profiling::pushRegion("tlse::cross_entropy_backward");
   using Arrays = impl::CrossEntropyBackwardArrays<Acc>;
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N, impl::backward_scratch_bytes<T>(exec, N, V, D)); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N, impl::backward_scratch_bytes<T>(exec, N, V, D, opts.precision)); },
       [&](const Arrays& a) {
         call.prepare_rows(a.row_target, a.active);
         const int* order = vocab_order.extent(0) ? vocab_order.data() : nullptr;

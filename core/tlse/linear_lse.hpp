@@ -15,6 +15,7 @@ struct LinearLseOptions {
   std::int64_t diagonal_offset = 0;
   std::int64_t valid_cols = -1;         ///< only columns j < valid_cols take part; -1: all
   bool accumulate = false;              ///< backward: dA += ..., dB += ... instead of overwriting
+  Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
   NonFinite non_finite = NonFinite::propagate;
   Workspace workspace{};
 };
@@ -22,7 +23,7 @@ struct LinearLseOptions {
 namespace impl {
 template <class T, class Acc, class AV, class BV, class BiasV>
 TileProblem<T, Acc> linear_problem(const AV& A, const BV& B, const BiasV& bias, const LinearLseOptions& o) {
-  auto p = make_problem<T, Acc>(A, B, o.scale);
+  auto p = make_problem<T, Acc>(A, B, o.scale, o.precision);
   p.logit.col_bias = bias.extent(0) ? bias.data() : nullptr;
   p.logit.exclude_diagonal = o.exclude_diagonal;
   p.logit.diagonal_offset = o.diagonal_offset;
@@ -50,18 +51,20 @@ Acc* carve_linear_partials(WorkspaceCarver& c, const Exec& exec, index_t rows, i
 }
 /// The backward's only workspace array: scratch for a backend's backward passes (often none).
 template <class T, class Exec>
-char* carve_linear_scratch(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols, index_t depth) {
-  return c.take<char>(index_t(backward_scratch_bytes<T>(exec, rows, cols, depth)));
+char* carve_linear_scratch(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols, index_t depth,
+                           Precision p) {
+  return c.take<char>(index_t(backward_scratch_bytes<T>(exec, rows, cols, depth, p)));
 }
 }  // namespace impl
 
 /// Workspace bytes linear_lse and linear_lse_backward need for these operands (the larger).
 template <class Exec, class AV, class BV>
-std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& B, const LinearLseOptions& = {}) {
+std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& B,
+                                       const LinearLseOptions& opts = {}) {
   using T = impl::scalar_of<AV>;
   impl::WorkspaceCarver forward, backward;
   impl::carve_linear_partials<accumulator_t<T>>(forward, exec, A.extent(0), B.extent(0));
-  impl::carve_linear_scratch<T>(backward, exec, A.extent(0), B.extent(0), A.extent(1));
+  impl::carve_linear_scratch<T>(backward, exec, A.extent(0), B.extent(0), A.extent(1), opts.precision);
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -125,10 +128,10 @@ void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV
   impl::check_finite(exec, check, "dlse", dlse, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::linear_lse_backward");
   const impl::index_t rows = A.extent(0), cols = B.extent(0), depth = A.extent(1);
-  const std::size_t scratch_bytes = impl::backward_scratch_bytes<T>(exec, rows, cols, depth);
+  const std::size_t scratch_bytes = impl::backward_scratch_bytes<T>(exec, rows, cols, depth, opts.precision);
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return impl::carve_linear_scratch<T>(c, exec, rows, cols, depth); },
+      [&](impl::WorkspaceCarver& c) { return impl::carve_linear_scratch<T>(c, exec, rows, cols, depth, opts.precision); },
       [&](char* scratch) {
         impl::BackwardTiles<T, Acc> f{};
         f.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);

@@ -20,6 +20,14 @@ enum class Direction { symmetric, image_to_text, text_to_image };
 /// before anything is written.
 enum class NonFinite { propagate, detect };
 
+/// Arithmetic of the tile products for float inputs. `exact` (default) multiplies in float on
+/// every backend. `tf32` lets a backend with TF32 tensor cores (CUDA, sm_80+) round both operands
+/// to TF32 (10-bit mantissa, round to nearest) and accumulate in float: several times faster, with
+/// logits accurate to about 2^-11 of scale * |a| |b| instead of float's 2^-24. Backends without
+/// TF32 ignore it. It has no effect on bf16/fp16 inputs (always on tensor cores where available,
+/// exact products accumulated in float) nor on double.
+enum class Precision { exact, tf32 };
+
 /// Scratch memory a caller lends to a call, in the memory space of the call's execution space.
 /// Ask for its size with the `*_workspace_bytes` function of the call. Left empty, the call
 /// allocates (and frees) what it needs itself. Apart from this buffer a call only uses Kokkos

@@ -3,6 +3,7 @@
 // a trait on the execution space whether a specialization takes the call, and a backend adds
 // one by specializing the trait in its own header, listed below, without touching generic code.
 #include <tlse/impl/tile_problem.hpp>
+#include <tlse/options.hpp>
 
 #include <cstddef>
 #include <cstdlib>
@@ -38,7 +39,8 @@ struct LseForwardSpecialization {
 template <class Exec>
 struct LseBackwardSpecialization {
   template <class T>
-  static std::size_t scratch_bytes(const Exec&, index_t /*owned*/, index_t /*other*/, index_t /*depth*/) {
+  static std::size_t scratch_bytes(const Exec&, index_t /*owned*/, index_t /*other*/, index_t /*depth*/,
+                                   Precision) {
     return 0;
   }
   template <class F>
@@ -49,10 +51,11 @@ struct LseBackwardSpecialization {
 
 /// Scratch for both backward passes over a rows x cols problem, to carve from a call's workspace.
 template <class T, class Exec>
-std::size_t backward_scratch_bytes(const Exec& exec, index_t rows, index_t cols, index_t depth) {
+std::size_t backward_scratch_bytes(const Exec& exec, index_t rows, index_t cols, index_t depth, Precision p) {
   if (!specializations_enabled()) return 0;
-  const std::size_t by_rows = LseBackwardSpecialization<Exec>::template scratch_bytes<T>(exec, rows, cols, depth);
-  const std::size_t by_cols = LseBackwardSpecialization<Exec>::template scratch_bytes<T>(exec, cols, rows, depth);
+  using Spec = LseBackwardSpecialization<Exec>;
+  const std::size_t by_rows = Spec::template scratch_bytes<T>(exec, rows, cols, depth, p);
+  const std::size_t by_cols = Spec::template scratch_bytes<T>(exec, cols, rows, depth, p);
   return by_rows > by_cols ? by_rows : by_cols;
 }
 

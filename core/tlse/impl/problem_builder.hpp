@@ -33,8 +33,9 @@ constexpr void static_check_index_vector() {
 }
 
 template <class T, class Acc, class AV, class BV>
-TileProblem<T, Acc> make_problem(const AV& A, const BV& B, double scale) {
+TileProblem<T, Acc> make_problem(const AV& A, const BV& B, double scale, Precision precision) {
   TileProblem<T, Acc> p;
+  p.tf32 = precision == Precision::tf32;
   p.rows.data = A.data();
   p.rows.count = index_t(A.extent(0));
   p.cols.data = B.data();

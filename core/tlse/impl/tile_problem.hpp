@@ -71,6 +71,7 @@ struct TileProblem {
   Side<T> rows, cols;
   index_t depth = 0;
   LogitModel<T, Acc> logit;
+  bool tf32 = false;  // float products may run in TF32 (Precision::tf32)
 };
 
 /// Online log-sum-exp state (running max and sum of exp(x - max)), Inf-CL eq. 4-5.

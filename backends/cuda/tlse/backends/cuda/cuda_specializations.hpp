@@ -1,6 +1,7 @@
 #pragma once
 // Registers the tensor-core kernels for Kokkos::Cuda: the forward LSE (lse_forward_mma.hpp) and
-// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs.
+// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs, and for float inputs
+// in TF32 when the call asks for Precision::tf32.
 #include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/lse_forward_mma.hpp>
 #include <tlse/impl/backend_dispatch.hpp>
@@ -9,8 +10,10 @@
 
 namespace tlse::impl {
 
+/// 16-bit inputs always; float inputs when the call allows TF32 (checked at run time).
 template <class T>
-constexpr bool on_tensor_cores = std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value;
+constexpr bool on_tensor_cores =
+    std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value || std::is_same<T, float>::value;
 
 template <>
 struct LseForwardSpecialization<Kokkos::Cuda> {
@@ -29,9 +32,11 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
 template <>
 struct LseBackwardSpecialization<Kokkos::Cuda> {
   template <class T>
-  static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth) {
+  static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth,
+                                   Precision precision) {
     if constexpr (on_tensor_cores<T>) {
-      return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth);
+      if (sizeof(T) == 4 && precision != Precision::tf32) return 0;
+      return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth, sizeof(T));
     } else {
       return 0;
     }

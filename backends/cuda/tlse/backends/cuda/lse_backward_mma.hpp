@@ -26,7 +26,7 @@ struct GradientParams {
   Side<T> A, B;  // owned side, other side
   index_t a_begin, a_end, ldp;
   int col_tiles_per_split;
-  unsigned* G;  // chunk buffer as pairs of T, or nullptr when no gradient rows are wanted
+  T* G;         // chunk buffer, or nullptr when no gradient rows are wanted
   float *part_ds, *part_db;  // nullptr when neither dscale nor dbias is wanted
 };
 
@@ -72,7 +72,7 @@ struct GradientEpilogue {
             g[j] = dz * scale;
           }
           const index_t x0 = col_base + w.col(nt, 0);
-          if (p.G && o_ok && x0 < p.ldp) p.G[((o - p.a_begin) * p.ldp + x0) / 2] = pack2<T>(g[0], g[1]);
+          if (p.G && o_ok && x0 < p.ldp) store_pair(p.G, (o - p.a_begin) * p.ldp + x0, g[0], g[1]);
         }
         if (sums) {
           ds = quad_sum(ds);
@@ -106,37 +106,41 @@ __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid
 }
 
 /// out = G (chunk x ldp, row-major) times the other side's rows X (K = X.count, row k of X
-/// at X.id(k)), 128 x 128 output tiles over depth D, K consumed 64 at a time through the same
-/// 3-stage cp.async pipeline; X's tile is stored k-major and read with ldmatrix.trans.
+/// at X.id(k)), 128 x 128 output tiles over depth D, K consumed 128 bytes at a time through the
+/// same 3-stage cp.async pipeline; X's tile is stored k-major and read with ldmatrix.trans
+/// (16-bit inputs) or with 32-bit shared loads (TF32: ldmatrix.trans would split the floats).
 /// gridDim.z == 1: writes gradient rows own.id(a_begin + m) (+= with accumulate); otherwise split
 /// z of K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel.
 template <class T>
 __global__ void __launch_bounds__(THREADS, 2)
-    grad_product_kernel(const std::uint16_t* G, index_t ldp, index_t chunk, Side<T> X, index_t D, int k_tiles_per_split,
+    grad_product_kernel(const T* G, index_t ldp, index_t chunk, Side<T> X, index_t D, int k_tiles_per_split,
                         Side<T> own, index_t a_begin, T* grad, bool accumulate, float* part) {
   extern __shared__ uint4 smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const WarpPosition w;
   const index_t m0 = index_t(blockIdx.x) * BM, n0 = index_t(blockIdx.y) * BN, nx = X.count;
-  const int total_kt = int((nx + BK - 1) / BK);
+  constexpr int BKT = depth_per_stage<T>, EPC = per_16_bytes<T>, HALVES = int(sizeof(T)) / 2;
+  constexpr int B_CHUNKS_PER_ROW = BN / EPC;
+  const int total_kt = int((nx + BKT - 1) / BKT);
   const int kt_begin = blockIdx.z * k_tiles_per_split;
   const int kt_end = kt_begin + k_tiles_per_split < total_kt ? kt_begin + k_tiles_per_split : total_kt;
   const int iters = kt_end > kt_begin ? kt_end - kt_begin : 0;
-  constexpr int STAGE = BM * LDS + BK * LDSB;
+  constexpr int STAGE = BM * LDS + BK * LDSB;  // the same in halves for either element size
+  constexpr int LDSB_T = LDSB * HALVES;        // B row stride in halves: BKT rows of BN + 8 elements
 
   auto load = [&](int it, int stage) {
-    const index_t k0 = index_t(kt_begin + it) * BK;
+    const index_t k0 = index_t(kt_begin + it) * BKT;
     std::uint16_t* sa = smem + stage * STAGE;
     std::uint16_t* sb = sa + BM * LDS;
   #pragma unroll
     for (int i = 0; i < CHUNKS; ++i) {
       const int c = w.tid + i * THREADS;
-      const int ar = c / (BK / 8), ak = (c % (BK / 8)) * 8;  // G: 128 rows x 64 k
-      const bool a_ok = m0 + ar < chunk && k0 + ak < ldp;   // G is zero-padded up to ldp
-      cp_async16(smem_address(sa + ar * LDS + ak), a_ok ? G + (m0 + ar) * ldp + k0 + ak : G, a_ok ? 16 : 0);
-      const int bk = c / (BN / 8), bn = (c % (BN / 8)) * 8;  // X: 64 k x 128 n
+      const int ar = c / (BK / 8), ah = (c % (BK / 8)) * 8, ak = (c % (BK / 8)) * EPC;  // G: 128 rows x BKT k
+      const bool a_ok = m0 + ar < chunk && k0 + ak < ldp;  // G is zero-padded up to ldp
+      cp_async16(smem_address(sa + ar * LDS + ah), a_ok ? G + (m0 + ar) * ldp + k0 + ak : G, a_ok ? 16 : 0);
+      const int bk = c / B_CHUNKS_PER_ROW, bn = (c % B_CHUNKS_PER_ROW) * EPC;  // X: BKT k x 128 n
       const bool b_ok = k0 + bk < nx && n0 + bn < D;
-      cp_async16(smem_address(sb + bk * LDSB + bn), b_ok ? X.data + X.id(k0 + bk) * D + n0 + bn : X.data,
+      cp_async16(smem_address(sb + bk * LDSB_T + bn * HALVES), b_ok ? X.data + X.id(k0 + bk) * D + n0 + bn : X.data,
                  b_ok ? 16 : 0);
     }
   };
@@ -166,13 +170,22 @@ __global__ void __launch_bounds__(THREADS, 2)
     #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
         ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
-    #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        unsigned r[4];
-        ldmatrix_x4_trans(r, smem_address(sb + (kk + ((w.lane >> 3) & 1) * 8 + (w.lane & 7)) * LDSB + w.wn * 32 +
-                                          p * 16 + (w.lane >> 4) * 8));
-        b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+      if constexpr (HALVES == 1) {
+      #pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          unsigned r[4];
+          ldmatrix_x4_trans(r, smem_address(sb + (kk + ((w.lane >> 3) & 1) * 8 + (w.lane & 7)) * LDSB + w.wn * 32 +
+                                            p * 16 + (w.lane >> 4) * 8));
+          b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+        }
+      } else {  // TF32 m16n8k8: b0 = X[k = lane % 4][n = lane / 4], b1 = the same at k + 4
+        const unsigned* sbw = reinterpret_cast<const unsigned*>(sb);
+        const int k = kk / 2 + (w.lane & 3), n = w.wn * 32 + (w.lane >> 2);
+      #pragma unroll
+        for (int nt = 0; nt < 4; ++nt) b[nt][0] = sbw[k * LDSB + n + nt * 8], b[nt][1] = sbw[(k + 4) * LDSB + n + nt * 8];
       }
+      MmaOp<T>::prepare(&a[0][0], 16);
+      MmaOp<T>::prepare(&b[0][0], 8);
     #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
       #pragma unroll
@@ -236,33 +249,34 @@ __global__ void row_sums_reduce_kernel(const float* part_ds, const float* part_d
 /// chunk's output tiles would not fill the GPU twice.
 struct BackwardPlan {
   static constexpr std::size_t chunk_budget_bytes = std::size_t(64) << 20;
-  index_t ldp = 0, chunk = 0;
+  index_t ldp = 0, chunk = 0, elem_bytes = 2;
   int sweep_splits = 1, k_splits = 1, col_tiles_per_split = 1, k_tiles_per_split = 1;
 
-  static BackwardPlan make(index_t owned, index_t other, index_t depth, int sms) {
+  static BackwardPlan make(index_t owned, index_t other, index_t depth, int sms, index_t elem_bytes) {
     BackwardPlan p;
+    p.elem_bytes = elem_bytes;
     p.ldp = (other + 7) / 8 * 8;
     const index_t owned_rounded = (owned + BM - 1) / BM * BM;
-    index_t chunk = index_t(chunk_budget_bytes / (std::size_t(p.ldp) * 2)) / BM * BM;
+    index_t chunk = index_t(chunk_budget_bytes / (std::size_t(p.ldp) * elem_bytes)) / BM * BM;
     p.chunk = chunk < BM ? BM : chunk > owned_rounded ? owned_rounded : chunk;
     const index_t row_tiles = p.chunk / BM, col_tiles = (other + BN - 1) / BN;
     const index_t sweep = std::min<index_t>(col_tiles, (4 * index_t(sms) + row_tiles - 1) / row_tiles);
     p.sweep_splits = int(sweep < 1 ? 1 : sweep);
     p.col_tiles_per_split = int((col_tiles + p.sweep_splits - 1) / p.sweep_splits);
-    const index_t out_tiles = row_tiles * ((depth + BN - 1) / BN), k_tiles = (other + BK - 1) / BK;
-    const index_t ks = std::min<index_t>({8, k_tiles, (2 * index_t(sms) + out_tiles - 1) / out_tiles});
+    const index_t out_tiles = row_tiles * ((depth + BN - 1) / BN), k_tiles = (other + BK * 2 / elem_bytes - 1) / (BK * 2 / elem_bytes);
+    const index_t ks = std::min<index_t>({32, k_tiles, (2 * index_t(sms) + out_tiles - 1) / out_tiles});
     p.k_splits = int(ks < 1 ? 1 : ks);
     p.k_tiles_per_split = int((k_tiles + p.k_splits - 1) / p.k_splits);
     return p;
   }
 
   struct Buffers {
-    std::uint16_t* G;
+    char* G;
     float *part, *part_ds, *part_db;
   };
   Buffers carve(WorkspaceCarver& c, index_t depth) const {
     Buffers b;
-    b.G = c.take<std::uint16_t>(ldp * chunk);
+    b.G = c.take<char>(ldp * chunk * elem_bytes);
     b.part = c.take<float>(k_splits > 1 ? k_splits * chunk * depth : 0);
     b.part_ds = c.take<float>(index_t(sweep_splits) * chunk);
     b.part_db = c.take<float>(index_t(sweep_splits) * chunk);
@@ -281,10 +295,10 @@ struct LseBackwardMma {
     return sweep_applies(prob);
   }
 
-  /// Scratch one pass needs (owned x other rows, depth), the same for either orientation.
-  static std::size_t scratch_bytes(int device, index_t owned, index_t other, index_t depth) {
+  /// Scratch one pass needs (owned x other rows, depth, T of elem_bytes).
+  static std::size_t scratch_bytes(int device, index_t owned, index_t other, index_t depth, index_t elem_bytes) {
     if (owned == 0 || other == 0 || depth == 0) return 0;
-    return BackwardPlan::make(owned, other, depth, multiprocessors(device)).bytes(depth);
+    return BackwardPlan::make(owned, other, depth, multiprocessors(device), elem_bytes).bytes(depth);
   }
 
   /// Runs the pass described by f (a BackwardTiles<T, float>) on `stream`; false when the
@@ -295,7 +309,7 @@ struct LseBackwardMma {
     const Side<T>& own = f.owner_is_row ? f.prob.rows : f.prob.cols;
     const Side<T>& other = f.owner_is_row ? f.prob.cols : f.prob.rows;
     const index_t D = f.prob.depth;
-    const BackwardPlan plan = BackwardPlan::make(own.count, other.count, D, multiprocessors(device));
+    const BackwardPlan plan = BackwardPlan::make(own.count, other.count, D, multiprocessors(device), sizeof(T));
     if (scratch == nullptr || scratch_bytes < plan.bytes(D)) return false;
     static const bool configured =
         (raise_smem_limit(gradient_sweep_kernel<T, F>, SWEEP_SMEM_BYTES, "gradient_sweep_kernel"),
@@ -314,7 +328,7 @@ struct LseBackwardMma {
                                         a_end,
                                         plan.ldp,
                                         plan.col_tiles_per_split,
-                                        f.grad ? reinterpret_cast<unsigned*>(buf.G) : nullptr,
+                                        f.grad ? reinterpret_cast<T*>(buf.G) : nullptr,
                                         sums ? buf.part_ds : nullptr,
                                         sums ? buf.part_db : nullptr};
       gradient_sweep_kernel<T, F>
@@ -328,7 +342,7 @@ struct LseBackwardMma {
       if (!f.grad) continue;
       const dim3 grid(unsigned(row_tiles), unsigned((D + BN - 1) / BN), unsigned(plan.k_splits));
       grad_product_kernel<T><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
-          buf.G, plan.ldp, chunk, other, D, plan.k_tiles_per_split, own, a_begin, f.grad, f.accumulate, buf.part);
+          reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split, own, a_begin, f.grad, f.accumulate, buf.part);
       check_launch("grad_product_kernel");
       if (plan.k_splits > 1) {
         gradient_reduce_kernel<T><<<unsigned(std::min<index_t>((chunk * D + 255) / 256, 8192)), 256, 0, stream>>>(

@@ -13,10 +13,15 @@
 
 namespace tlse::impl::cuda {
 
+/// One tensor-core step over 16 bytes of depth per operand row: m16n8k16 for 16-bit inputs,
+/// m16n8k8 TF32 for float inputs. The fragments are loaded the same way for both (ldmatrix sees
+/// a float as two 16-bit halves, which puts every float where the TF32 layout wants it);
+/// `prepare` rounds float fragments to TF32 once, before they are reused across mma calls.
 template <class T>
 struct MmaOp;
 template <>
 struct MmaOp<bfloat16> {
+  static __device__ __forceinline__ void prepare(unsigned*, int) {}
   static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -27,9 +32,24 @@ struct MmaOp<bfloat16> {
 };
 template <>
 struct MmaOp<float16> {
+  static __device__ __forceinline__ void prepare(unsigned*, int) {}
   static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <>
+struct MmaOp<float> {
+  static __device__ __forceinline__ void prepare(unsigned* r, int n) {
+    for (int i = 0; i < n; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r[i]) : "f"(__uint_as_float(r[i])));
+  }
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -69,10 +89,14 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v;
 }
 
-/// Two adjacent 16-bit values packed for one 32-bit store (first value in the low half).
+/// Stores two adjacent values, converted to T, with one store; `at` is even.
 template <class T>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  return unsigned(from_acc<T>(lo).bits) | (unsigned(from_acc<T>(hi).bits) << 16);
+__device__ __forceinline__ void store_pair(T* base, index_t at, float lo, float hi) {
+  if constexpr (sizeof(T) == 2) {
+    *reinterpret_cast<unsigned*>(base + at) = unsigned(from_acc<T>(lo).bits) | (unsigned(from_acc<T>(hi).bits) << 16);
+  } else {
+    *reinterpret_cast<float2*>(base + at) = make_float2(lo, hi);
+  }
 }
 
 /// Throws with the kernel's name when a launch failed.

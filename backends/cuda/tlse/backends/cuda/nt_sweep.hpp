@@ -9,9 +9,15 @@
 
 namespace tlse::impl::cuda {
 
+// Shared-memory geometry in 16-bit units whatever the input type: a stage holds 128 bytes of
+// depth per row, i.e. 64 bf16/fp16 values or 32 floats (depth_per_stage<T>).
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 3, THREADS = 256;
 constexpr int LDS = BK + 8;  // shared row stride in halves: 144 bytes keeps ldmatrix conflict-free
 constexpr int CHUNKS = BM * BK / 8 / THREADS;  // 16-byte copies per thread per operand and stage
+template <class T>
+constexpr int depth_per_stage = BK * 2 / int(sizeof(T));
+template <class T>
+constexpr int per_16_bytes = 16 / int(sizeof(T));
 constexpr int SWEEP_SMEM_BYTES = STAGES * (BM + BN) * LDS * 2;
 
 /// Accumulator layout of a warp (8 warps as 2 x 4, each a 64 x 32 sub-tile of 4 x 4 mma tiles):
@@ -35,7 +41,8 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
                                          int ct_begin, int ct_end, std::uint16_t* smem, Epilogue& epi) {
   const WarpPosition w;
   const index_t nb = B.count;
-  const int KT = int((K + BK - 1) / BK);
+  constexpr int BKT = depth_per_stage<T>;
+  const int KT = int((K + BKT - 1) / BKT);
   const int iters = ct_end > ct_begin ? (ct_end - ct_begin) * KT : 0;
 
   // Each thread copies CHUNKS 16-byte chunks of A and of B per stage: chunk c = tid + 256 i,
@@ -50,18 +57,19 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
   }
   auto load = [&](int it, int stage) {
     const int ct = ct_begin + it / KT;
-    const index_t k0 = index_t(it % KT) * BK;
+    const index_t k0 = index_t(it % KT) * BKT;
     std::uint16_t* sa = smem + stage * (BM + BN) * LDS;
     std::uint16_t* sb = sa + BM * LDS;
   #pragma unroll
     for (int i = 0; i < CHUNKS; ++i) {
-      const int c = w.tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
-      const bool k_ok = k0 + kc < K;  // depth % 8 == 0: a chunk never straddles the end
-      cp_async16(smem_address(sa + r * LDS + kc), a_ok[i] && k_ok ? a_row[i] + k0 + kc : A.data,
+      const int c = w.tid + i * THREADS, r = c / (BK / 8), kh = (c % (BK / 8)) * 8;
+      const int kc = (c % (BK / 8)) * per_16_bytes<T>;
+      const bool k_ok = k0 + kc < K;  // depth is a multiple of per_16_bytes: no chunk straddles the end
+      cp_async16(smem_address(sa + r * LDS + kh), a_ok[i] && k_ok ? a_row[i] + k0 + kc : A.data,
                  a_ok[i] && k_ok ? 16 : 0);
       const index_t b = index_t(ct) * BN + r;
       const bool b_ok = b < nb && k_ok;
-      cp_async16(smem_address(sb + r * LDS + kc), b_ok ? B.data + B.id(b) * K + k0 + kc : B.data, b_ok ? 16 : 0);
+      cp_async16(smem_address(sb + r * LDS + kh), b_ok ? B.data + B.id(b) * K + k0 + kc : B.data, b_ok ? 16 : 0);
     }
   };
 
@@ -98,6 +106,8 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
                                     ((w.lane >> 3) & 1) * 8));
         b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
       }
+      MmaOp<T>::prepare(&a[0][0], 16);
+      MmaOp<T>::prepare(&b[0][0], 8);
     #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
       #pragma unroll
@@ -115,13 +125,13 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
   cp_async_wait<0>();
 }
 
-/// Whether the sweep takes a problem: depth a multiple of 8 and 16-byte aligned rows (cp.async
-/// copies 16 bytes), both sides non-empty.
+/// Whether the sweep takes a problem: 16-bit inputs, or float inputs that allow TF32; rows of a
+/// whole number of 16-byte chunks, 16-byte aligned (cp.async copies 16 bytes); both sides non-empty.
 template <class T>
 bool sweep_applies(const TileProblem<T, float>& prob) {
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  return prob.depth > 0 && prob.depth % 8 == 0 && aligned(prob.rows.data) && aligned(prob.cols.data) &&
-         prob.rows.count > 0 && prob.cols.count > 0;
+  return (sizeof(T) == 2 || prob.tf32) && prob.depth > 0 && prob.depth % per_16_bytes<T> == 0 &&
+         aligned(prob.rows.data) && aligned(prob.cols.data) && prob.rows.count > 0 && prob.cols.count > 0;
 }
 
 /// Sums per-row values over the 4 column warps in a fixed order: each warp's quad leader puts
