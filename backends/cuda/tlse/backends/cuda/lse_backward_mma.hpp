@@ -19,6 +19,22 @@ constexpr int LDSB = BN + 8;  // k-major B tile row stride in halves: 272 bytes,
 constexpr int PRODUCT_SMEM_BYTES = STAGES * (BM * LDS + BK * LDSB) * 2;
 static_assert(PRODUCT_SMEM_BYTES <= SWEEP_SMEM_BYTES + 1024, "both kernels fit two blocks per SM");
 
+/// One position's softmax terms (SoftmaxTerms at an id): its share of dL/dx is g exp(x - lse),
+/// minus w where the other position is its target. Same arithmetic as BackwardTiles::dlogit,
+/// with the loads taken out of the per-element loop.
+struct TermsAt {
+  float lse = 0, g = 0, w = 0;
+  int target = -1;
+  __device__ __forceinline__ void load(const SoftmaxTerms<float>& t, index_t id) {
+    if (!t.active()) return;
+    lse = t.lse[id], g = t.g[id];
+    if (t.target) target = t.target[id], w = t.w[id];
+  }
+  __device__ __forceinline__ float share(float x, index_t other_id) const {
+    return g * expf(x - lse) - (target == other_id ? w : 0.f);
+  }
+};
+
 /// What a gradient-sweep block needs, as one __grid_constant__ parameter (see ForwardParams).
 template <class T, class F>
 struct GradientParams {
@@ -27,24 +43,37 @@ struct GradientParams {
   index_t a_begin, a_end, ldp;
   int col_tiles_per_split;
   T* G;         // chunk buffer, or nullptr when no gradient rows are wanted
-  float *part_ds, *part_db;  // nullptr when neither dscale nor dbias is wanted
+  float* part;  // row sums (dscale: dL/dz * dot, or dbias: dL/dz), or nullptr when neither is wanted
+  bool sum_products;  // part sums dL/dz * dot (dscale) rather than dL/dz (dbias)
 };
 
-/// Epilogue of the gradient sweep: G into the chunk buffer, row sums of dL/dz * dot (dscale)
-/// and dL/dz (dbias) into the block's running totals.
+/// Epilogue of the gradient sweep: G into the chunk buffer and the wanted row sum into the
+/// block's running total. The other side's terms for the tile's 128 columns are staged in
+/// shared memory once per tile, the owned side's are loaded once per row.
 template <class T, class F>
 struct GradientEpilogue {
   const GradientParams<T, F>& p;
   index_t row0;
-  float (*red_ds)[BM];
-  float (*red_db)[BM];
-  float run_ds = 0, run_db = 0;
+  float (*red)[BM];
+  TermsAt* other;  // [BN]
+  float run = 0;
 
   __device__ __forceinline__ void column_tile(TileAccumulator& acc, int ct) {
     const WarpPosition w;
     const index_t col_base = index_t(ct) * BN;
     const float scale = p.f.prob.logit.scale;
-    const bool sums = p.part_ds != nullptr;
+    const bool sums = p.part != nullptr, by_row = p.f.owner_is_row;
+    const SoftmaxTerms<float>& own_terms = by_row ? p.f.row_terms : p.f.col_terms;
+    const SoftmaxTerms<float>& other_terms = by_row ? p.f.col_terms : p.f.row_terms;
+    const bool own_on = own_terms.active(), other_on = other_terms.active();
+    if (other_on) {  // the previous tile's readers are past a main-loop barrier
+      if (w.tid < BN) {
+        TermsAt t;
+        if (col_base + w.tid < p.B.count) t.load(other_terms, p.B.id(col_base + w.tid));
+        other[w.tid] = t;
+      }
+      __syncthreads();
+    }
   #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
     #pragma unroll
@@ -53,21 +82,27 @@ struct GradientEpilogue {
         const index_t o = row0 + r_local;
         const bool o_ok = o < p.a_end;
         const index_t oid = o_ok ? p.A.id(o) : 0;
-        float ds = 0, db = 0;
+        TermsAt own;
+        if (o_ok) own.load(own_terms, oid);
+        float sum = 0;
       #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           float g[2];
         #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const index_t x = col_base + w.col(nt, j);
+            const int c_local = w.col(nt, j);
+            const index_t x = col_base + c_local;
             const float dot = acc[mt][nt][2 * h + j];
             float dz = 0;
             if (o_ok && x < p.B.count) {
-              bool significant = false;
               const index_t xid = p.B.id(x);
-              dz = p.f.dlogit(dot, p.f.owner_is_row ? oid : xid, p.f.owner_is_row ? xid : oid, significant);
-              ds += dz * dot;
-              db += dz;
+              const float lx = p.f.prob.logit(dot, by_row ? oid : xid, by_row ? xid : oid);
+              if (lx != -infinity<float>()) {
+                float share = own_on ? own.share(lx, xid) : 0.f;
+                if (other_on) share += other[c_local].share(lx, oid);
+                dz = share * p.f.prob.logit.dx_dz(lx);
+              }
+              sum += p.sum_products ? dz * dot : dz;
             }
             g[j] = dz * scale;
           }
@@ -75,34 +110,31 @@ struct GradientEpilogue {
           if (p.G && o_ok && x0 < p.ldp) store_pair(p.G, (o - p.a_begin) * p.ldp + x0, g[0], g[1]);
         }
         if (sums) {
-          ds = quad_sum(ds);
-          db = quad_sum(db);
-          if ((w.lane & 3) == 0) red_ds[w.wn][r_local] = ds, red_db[w.wn][r_local] = db;
+          sum = quad_sum(sum);
+          if ((w.lane & 3) == 0) red[w.wn][r_local] = sum;
         }
       }
     if (!sums) return;
     __syncthreads();
-    if (w.tid < BM) run_ds += column_warp_sum(red_ds, w.tid), run_db += column_warp_sum(red_db, w.tid);
+    if (w.tid < BM) run += column_warp_sum(red, w.tid);
   }
 };
 
 /// Block (x, y): owned rows [a_begin + 128 x, + 128) against the other side's column tiles of
-/// split y. Row sums go to part_ds/part_db[y * chunk + row - a_begin].
+/// split y. Row sums go to part[y * chunk + row - a_begin].
 template <class T, class F>
 __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid_constant__ GradientParams<T, F> p) {
   extern __shared__ uint4 smem_raw[];
-  __shared__ float red_ds[4][BM], red_db[4][BM];
+  __shared__ float red[4][BM];
+  __shared__ TermsAt other[BN];  // red and other: 4 KiB, so that two blocks still fit an SM
   const index_t row0 = p.a_begin + index_t(blockIdx.x) * BM, chunk = p.a_end - p.a_begin;
   const int total_ct = int((p.B.count + BN - 1) / BN);
   const int ct_begin = blockIdx.y * p.col_tiles_per_split;
   const int ct_end = ct_begin + p.col_tiles_per_split < total_ct ? ct_begin + p.col_tiles_per_split : total_ct;
-  GradientEpilogue<T, F> epi{p, row0, red_ds, red_db};
+  GradientEpilogue<T, F> epi{p, row0, red, other};
   nt_sweep(p.A, p.B, p.f.prob.depth, row0, p.a_end, ct_begin, ct_end, reinterpret_cast<std::uint16_t*>(smem_raw), epi);
   const int tid = threadIdx.x;
-  if (p.part_ds && tid < BM && row0 + tid < p.a_end) {
-    p.part_ds[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run_ds;
-    p.part_db[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run_db;
-  }
+  if (p.part && tid < BM && row0 + tid < p.a_end) p.part[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run;
 }
 
 /// out = G (chunk x ldp, row-major) times the other side's rows X (K = X.count, row k of X
@@ -228,19 +260,19 @@ __global__ void gradient_reduce_kernel(const float* part, int splits, index_t ch
   }
 }
 
-/// Sums the sweep splits' row sums in order: dscale_part[a_begin + m] (by position) and
-/// dbias[own.id(a_begin + m)] (by id, += with accumulate), each only where wanted.
+/// Sums the sweep splits' row sums in order into dscale_part[a_begin + m] (by position) or
+/// dbias[own.id(a_begin + m)] (by id, += with accumulate), whichever is not null.
 template <class T>
-__global__ void row_sums_reduce_kernel(const float* part_ds, const float* part_db, int splits, index_t chunk,
-                                       Side<T> own, index_t a_begin, float* dscale_part, T* dbias, bool accumulate) {
+__global__ void row_sums_reduce_kernel(const float* part, int splits, index_t chunk, Side<T> own, index_t a_begin,
+                                       float* dscale_part, T* dbias, bool accumulate) {
   const index_t m = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= chunk) return;
-  float ds = 0, db = 0;
-  for (int y = 0; y < splits; ++y) ds += part_ds[y * chunk + m], db += part_db[y * chunk + m];
-  if (dscale_part) dscale_part[a_begin + m] = ds;
+  float sum = 0;
+  for (int y = 0; y < splits; ++y) sum += part[y * chunk + m];
+  if (dscale_part) dscale_part[a_begin + m] = sum;
   if (dbias) {
     T& out = dbias[own.id(a_begin + m)];
-    out = from_acc<T>(accumulate ? db + to_acc<float>(out) : db);
+    out = from_acc<T>(accumulate ? sum + to_acc<float>(out) : sum);
   }
 }
 
@@ -272,14 +304,13 @@ struct BackwardPlan {
 
   struct Buffers {
     char* G;
-    float *part, *part_ds, *part_db;
+    float *part, *row_sums;
   };
   Buffers carve(WorkspaceCarver& c, index_t depth) const {
     Buffers b;
     b.G = c.take<char>(ldp * chunk * elem_bytes);
     b.part = c.take<float>(k_splits > 1 ? k_splits * chunk * depth : 0);
-    b.part_ds = c.take<float>(index_t(sweep_splits) * chunk);
-    b.part_db = c.take<float>(index_t(sweep_splits) * chunk);
+    b.row_sums = c.take<float>(index_t(sweep_splits) * chunk);
     return b;
   }
   std::size_t bytes(index_t depth) const {
@@ -305,7 +336,9 @@ struct LseBackwardMma {
   /// problem does not qualify or the scratch is too small (the caller then runs the generic pass).
   template <class T, class F>
   static bool run(cudaStream_t stream, int device, const F& f, char* scratch, std::size_t scratch_bytes) {
-    if (!applies(f.prob)) return false;
+    // One row sum per pass at most (dscale for the contrastive row pass, dbias for the
+    // cross-entropy column pass); a pass wanting both is left to the generic kernel.
+    if (!applies(f.prob) || (f.dscale_part && f.dbias)) return false;
     const Side<T>& own = f.owner_is_row ? f.prob.rows : f.prob.cols;
     const Side<T>& other = f.owner_is_row ? f.prob.cols : f.prob.rows;
     const index_t D = f.prob.depth;
@@ -329,20 +362,21 @@ struct LseBackwardMma {
                                         plan.ldp,
                                         plan.col_tiles_per_split,
                                         f.grad ? reinterpret_cast<T*>(buf.G) : nullptr,
-                                        sums ? buf.part_ds : nullptr,
-                                        sums ? buf.part_db : nullptr};
+                                        sums ? buf.row_sums : nullptr,
+                                        f.dscale_part != nullptr};
       gradient_sweep_kernel<T, F>
           <<<dim3(unsigned(row_tiles), unsigned(plan.sweep_splits)), THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
       check_launch("gradient_sweep_kernel");
       if (sums) {
         row_sums_reduce_kernel<T><<<unsigned((chunk + 255) / 256), 256, 0, stream>>>(
-            buf.part_ds, buf.part_db, plan.sweep_splits, chunk, own, a_begin, f.dscale_part, f.dbias, f.accumulate);
+            buf.row_sums, plan.sweep_splits, chunk, own, a_begin, f.dscale_part, f.dbias, f.accumulate);
         check_launch("row_sums_reduce_kernel");
       }
       if (!f.grad) continue;
       const dim3 grid(unsigned(row_tiles), unsigned((D + BN - 1) / BN), unsigned(plan.k_splits));
       grad_product_kernel<T><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
-          reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split, own, a_begin, f.grad, f.accumulate, buf.part);
+          reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split, own, a_begin, f.grad,
+          f.accumulate, buf.part);
       check_launch("grad_product_kernel");
       if (plan.k_splits > 1) {
         gradient_reduce_kernel<T><<<unsigned(std::min<index_t>((chunk * D + 255) / 256, 8192)), 256, 0, stream>>>(
