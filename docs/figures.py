@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Draws the algorithm figures of docs/algorithms.md (schematic, no measured data):
+"""Draws the algorithm figures of docs/design.md (schematic, no measured data):
 
     docs/figures.py [--img-dir docs/img]
 
