@@ -22,19 +22,26 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 namespace {
 
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+
 std::int64_t live_bytes = 0, peak_bytes = 0;
 
-void on_allocate(Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t size) {
+/// Only allocations in the memory space of the execution space count (on a GPU: device memory).
+bool counted(const Kokkos::Tools::SpaceHandle& space) { return std::strcmp(space.name, Mem::name()) == 0; }
+void on_allocate(Kokkos::Tools::SpaceHandle space, const char*, const void*, std::uint64_t size) {
+  if (!counted(space)) return;
   live_bytes += std::int64_t(size);
   peak_bytes = std::max(peak_bytes, live_bytes);
 }
-void on_deallocate(Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t size) {
-  live_bytes -= std::int64_t(size);
+void on_deallocate(Kokkos::Tools::SpaceHandle space, const char*, const void*, std::uint64_t size) {
+  if (counted(space)) live_bytes -= std::int64_t(size);
 }
 
 /// Peak live Kokkos bytes while `step` runs, above those live before it.
@@ -48,8 +55,6 @@ std::int64_t peak_extra(Step&& step) {
   return peak_bytes - before;
 }
 
-using Exec = Kokkos::DefaultExecutionSpace;
-using Mem = Exec::memory_space;
 using Acc = float;
 using Gradient = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
 
