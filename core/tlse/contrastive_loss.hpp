@@ -247,7 +247,8 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LossV& 
 /// Backward. Takes the forward's inputs and LSEs (col_lse may be empty for image_to_text) and
 /// dloss (1). Writes dI, dT (b x c, or empty views) and dscale (1, or empty), the gradient with
 /// respect to the logit scale. Tiles are recomputed from the saved LSEs; no atomics, bitwise
-/// reproducible. Extra memory: O(b) workspace plus Kokkos team scratch (32 x c accumulators per team).
+/// reproducible. Extra memory: the workspace (O(b) for the generic kernels; a backend's backward may
+/// add a bounded buffer, counted by contrastive_loss_workspace_bytes) plus Kokkos team scratch.
 /// \param exec execution space instance
 /// \param I, Tx, labels the forward's inputs
 /// \param row_lse, col_lse the forward's saved LSEs

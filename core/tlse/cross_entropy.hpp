@@ -295,8 +295,9 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const TargetV& ta
 /// (shaped like the forward's loss). Writes dE (N x D), dC (V x D) and dbias (V); any of them may
 /// be an empty view (not computed). Rows that are ignored get zero gradient. Tiles whose softmax
 /// entries are all below filter_eps are skipped (CCE gradient filtering); filter_eps = 0 is exact.
-/// No atomics: bitwise reproducible. Extra memory: O(N) workspace plus Kokkos team scratch
-/// (32 x D accumulators per running team).
+/// No atomics: bitwise reproducible. Extra memory: the workspace (O(N) for the generic kernels; a
+/// backend's backward may add a bounded buffer, counted by cross_entropy_workspace_bytes) plus
+/// Kokkos team scratch (32 x D accumulators per running team).
 /// \param exec execution space instance
 /// \param E, C, bias, targets the forward's inputs
 /// \param lse (N) the forward's lse output
