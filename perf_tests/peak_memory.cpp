@@ -93,7 +93,7 @@ void cross_entropy(std::int64_t N, std::int64_t D, std::int64_t V, bool report =
   Kokkos::View<Acc*, Mem> loss("loss", 1), dloss("dloss", 1);
   Kokkos::deep_copy(dloss, 1.0f);
   const Exec exec;
-  const tlse::CrossEntropyOptions opts;
+  const tlse::CrossEntropyOptions opts{};
   const auto tiled = peak_extra([&] {
     Kokkos::View<Acc*, Mem> lse("lse", N);
     tlse::cross_entropy(exec, E, C, Kokkos::View<const float*, Mem>(), targets, loss, lse, Kokkos::View<int*, Mem>(),
