@@ -23,8 +23,8 @@ fi
 inputs=("$root/docs/index.md")
 for page in "$root"/docs/*.md; do [ "$page" = "$root/docs/index.md" ] || inputs+=("$page"); done
 for dir in core/tlse backends distributed; do [ -d "$root/$dir" ] && inputs+=("$root/$dir"); done
-while IFS= read -r header; do inputs+=("$root/$(dirname "$header")"); done < \
-  <(git -C "$root" ls-files --cached --others --exclude-standard -- '*tlse.h' | grep -v '^core/' | sort -u)
+while IFS= read -r header; do inputs+=("$(dirname "$header")"); done < \
+  <(find "$root" \( -name '.*' -o -name 'build*' -o -path "$root/core" \) -prune -o -name tlse.h -print | sort)
 
 rm -rf "$out/html" && mkdir -p "$out"  # no page left over from a renamed source
 export TLSE_DOCS_OUT=$out TLSE_DOCS_ROOT=$root TLSE_DOCS_MAINPAGE=$root/docs/index.md \
