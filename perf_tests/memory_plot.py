@@ -77,7 +77,7 @@ def gpu_panel(ax, gpu):
                 label=f"TiledLSE measured, H100 ({what}), generic backward")
     axes_style(ax, "batch b (contrastive) or tokens N (cross-entropy)", "GPU-sized problems (computed; points measured)")
     ax.text(0.98, 0.03, "not shown: the CUDA tensor-core backward's chunk of G\n"
-            "(16-bit, 64 MiB budget, plus split partials), not yet measured", transform=ax.transAxes,
+            "(at most 64 MiB, plus split partials), not yet measured", transform=ax.transAxes,
             ha="right", va="bottom", fontsize=6.5)
     ax.legend(fontsize=6.5, loc="upper left")
 

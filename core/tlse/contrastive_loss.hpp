@@ -172,6 +172,7 @@ void copy_out(const Exec& exec, const Acc* from, Acc* to, index_t n) {
 /// \param exec execution space instance the calls will run on (the size depends on its concurrency)
 /// \param I (b x c) image features; T is not read (same shape)
 /// \return bytes for ContrastiveOptions::workspace: O(b) (docs/api.md, Memory).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class IV, class TV>
 std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, const TV&,
                                              const ContrastiveOptions& opts = {}) {
@@ -313,6 +314,7 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
 /// \param exec execution space instance the calls will run on
 /// \param Z (2B x c) features
 /// \return bytes for ContrastiveOptions::workspace: O(B).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class ZV>
 std::size_t self_contrastive_loss_workspace_bytes(const Exec& exec, const ZV& Z,
                                                   const ContrastiveOptions& opts = {}) {

@@ -179,6 +179,7 @@ void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const Or
 /// \param E (N x D) embeddings
 /// \param C (V x D) classifier
 /// \return bytes for CrossEntropyOptions::workspace: O(N + V) (docs/api.md, Memory).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class EV, class CV>
 std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const CV& C,
                                           const CrossEntropyOptions& opts = {}) {

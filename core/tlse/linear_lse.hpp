@@ -67,6 +67,7 @@ char* carve_linear_scratch(WorkspaceCarver& c, const Exec& exec, index_t rows, i
 /// \param A (rows x depth) operand, as passed to linear_lse
 /// \param B (cols x depth) operand
 /// \return bytes for LinearLseOptions::workspace: O(rows + cols) (docs/api.md, Memory).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class AV, class BV>
 std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& B,
                                        const LinearLseOptions& opts = {}) {
