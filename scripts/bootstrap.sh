@@ -138,6 +138,7 @@ install_cuda() {
     nvidia-cuda-toolkit g++-11 >/dev/null
 }
 
+debian_packages+=(doxygen)  # scripts/docs.sh; CI builds the documentation
 apt_install "${debian_packages[@]}"
 if [ "$backend" = cuda ]; then
   install_cuda

@@ -11,12 +11,15 @@
 
 namespace tlse {
 
+/// Options of the contrastive losses, forward and backward (pass the same to both).
 struct ContrastiveOptions {
   double scale = 1.0;  ///< logit scale (1 / temperature); finite, >= 0
   Direction direction = Direction::symmetric;  ///< ignored by the self-similarity form
   bool accumulate = false;  ///< backward: dI += ..., dT += ..., dscale += ... instead of overwriting
   Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
+  /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
+  /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
 };
 
@@ -166,6 +169,10 @@ void copy_out(const Exec& exec, const Acc* from, Acc* to, index_t n) {
 }  // namespace impl
 
 /// Workspace bytes contrastive_loss and contrastive_loss_backward need for batch b.
+/// \param exec execution space instance the calls will run on (the size depends on its concurrency)
+/// \param I (b x c) image features; T is not read (same shape)
+/// \return bytes for ContrastiveOptions::workspace: O(b) (docs/api.md, Memory).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class IV, class TV>
 std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, const TV&,
                                              const ContrastiveOptions& opts = {}) {
@@ -177,7 +184,18 @@ std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, cons
 /// integers or empty (the positive of image i is text labels[i], of text j image labels[j];
 /// default i <-> i). loss: (1). row_lse, col_lse: (b) or empty; the backward needs them.
 /// x_ij = scale * I_i . T_j is computed once per tile for both the row and the column LSE.
-/// Empty batch: loss 0. Extra memory: O(b) workspace.
+/// Empty batch: loss 0. Extra memory: O(b) workspace (contrastive_loss_workspace_bytes), no b x b buffer.
+/// \param exec execution space instance; kernels are enqueued on it
+/// \param I (b x c) image features, row-major view of T (float, double, tlse::bfloat16, tlse::float16)
+/// \param Tx (b x c) text features, row-major view of T
+/// \param labels (b) integer view, each in [0, b), or an empty view (diagonal positives)
+/// \param loss (1) output view of accumulator_t<T>: the mean loss over the batch
+/// \param row_lse (b) output view of accumulator_t<T> (image-to-text LSEs), or empty
+/// \param col_lse (b) output view of accumulator_t<T> (text-to-image LSEs), or empty
+/// \param opts scale, direction, non-finite policy, workspace
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, label, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class IV, class TV, class LabelV, class LossV, class RowLseV, class ColLseV>
 void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV& labels, const LossV& loss,
                       const RowLseV& row_lse, const ColLseV& col_lse, const ContrastiveOptions& opts = {}) {
@@ -210,7 +228,15 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
   Kokkos::Profiling::popRegion();
 }
 
-/// Forward with diagonal positives and no saved LSEs.
+/// Forward with diagonal positives and no saved LSEs (nothing to run a backward from).
+/// \param exec execution space instance
+/// \param I (b x c) image features
+/// \param Tx (b x c) text features
+/// \param loss (1) output view of accumulator_t<T>
+/// \param opts see ContrastiveOptions
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, label, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class IV, class TV, class LossV>
 void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LossV& loss, const ContrastiveOptions& opts = {}) {
   using Mem = typename IV::memory_space;
@@ -221,7 +247,20 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LossV& 
 
 /// Backward. Takes the forward's inputs and LSEs (col_lse may be empty for image_to_text) and
 /// dloss (1). Writes dI, dT (b x c, or empty views) and dscale (1, or empty), the gradient with
-/// respect to the logit scale.
+/// respect to the logit scale. Tiles are recomputed from the saved LSEs; no atomics, bitwise
+/// reproducible. Extra memory: the workspace (O(b) for the generic kernels; a backend's backward may
+/// add a bounded buffer, counted by contrastive_loss_workspace_bytes) plus Kokkos team scratch.
+/// \param exec execution space instance
+/// \param I, Tx, labels the forward's inputs
+/// \param row_lse, col_lse the forward's saved LSEs
+/// \param dloss (1) gradient of the objective with respect to the loss, accumulator_t<T>
+/// \param dI (b x c) output view of T, or empty
+/// \param dT (b x c) output view of T, or empty
+/// \param dscale (1) output view of accumulator_t<T>, or empty
+/// \param opts the forward's options; `accumulate` adds into dI, dT and dscale
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, label, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class IV, class TV, class LabelV, class RowLseV, class ColLseV, class DLossV, class DIV,
           class DTV, class DScaleV>
 void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, const LabelV& labels,
@@ -272,6 +311,10 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
 }
 
 /// Workspace bytes self_contrastive_loss and its backward need for Z.
+/// \param exec execution space instance the calls will run on
+/// \param Z (2B x c) features
+/// \return bytes for ContrastiveOptions::workspace: O(B).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class ZV>
 std::size_t self_contrastive_loss_workspace_bytes(const Exec& exec, const ZV& Z,
                                                   const ContrastiveOptions& opts = {}) {
@@ -307,7 +350,15 @@ void fill_self_positives(const Exec& exec, index_t n, int* positive) {
 
 /// Self-similarity InfoNCE / NT-Xent forward. Z: (2B x c), rows i and i+B are two views of one
 /// sample; x_ij = scale * Z_i . Z_j with the diagonal excluded; loss (1) = mean_i (lse_i - x_{i,i+B mod 2B}).
-/// lse: (2B) or empty (the backward needs it).
+/// lse: (2B) or empty (the backward needs it). Extra memory: O(B) workspace.
+/// \param exec execution space instance
+/// \param Z (2B x c) row-major view of T
+/// \param loss (1) output view of accumulator_t<T>
+/// \param lse (2B) output view of accumulator_t<T>, or empty
+/// \param opts scale, non-finite policy, workspace (direction is ignored)
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, label, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class ZV, class LossV, class LseV>
 void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, const LseV& lse,
                            const ContrastiveOptions& opts = {}) {
@@ -334,6 +385,16 @@ void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, con
 }
 
 /// Self-similarity backward: dZ = scale (G + G^T) Z with G = dL/dx, and dscale.
+/// \param exec execution space instance
+/// \param Z the forward's input
+/// \param lse (2B) the forward's saved LSEs
+/// \param dloss (1) gradient with respect to the loss
+/// \param dZ (2B x c) output view of T, or empty
+/// \param dscale (1) output view of accumulator_t<T>, or empty
+/// \param opts the forward's options; `accumulate` adds into dZ and dscale
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, label, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class ZV, class LseV, class DLossV, class DZV, class DScaleV>
 void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& lse, const DLossV& dloss, const DZV& dZ,
                                     const DScaleV& dscale, const ContrastiveOptions& opts = {}) {

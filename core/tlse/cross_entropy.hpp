@@ -15,8 +15,10 @@
 
 namespace tlse {
 
+/// Options of cross_entropy() and cross_entropy_backward() (pass the same to both).
 struct CrossEntropyOptions {
   std::int64_t ignore_index = -100;  ///< rows whose target equals this cost no compute and add 0
+  /// none (one loss per row), sum, or mean over the non-ignored rows
   Reduction reduction = Reduction::mean;
   std::int64_t shift = 0;            ///< row i is scored against targets(i + shift); the last `shift` rows are ignored
   double softcap = 0;                ///< logits become softcap * tanh(logit / softcap) (Gemma 2); 0: off
@@ -24,7 +26,9 @@ struct CrossEntropyOptions {
   double filter_eps = filter_eps_auto;  ///< backward: skip tiles whose softmax is all below this; 0: exact
   bool accumulate = false;           ///< backward: dE += ..., dC += ..., dbias += ... instead of overwriting
   Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
+  /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
+  /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
 };
 
@@ -171,6 +175,11 @@ void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const Or
 }  // namespace impl
 
 /// Workspace bytes cross_entropy and cross_entropy_backward need (the larger of the two).
+/// \param exec execution space instance the calls will run on (the size depends on its concurrency)
+/// \param E (N x D) embeddings
+/// \param C (V x D) classifier
+/// \return bytes for CrossEntropyOptions::workspace: O(N + V) (docs/api.md, Memory).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class EV, class CV>
 std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const CV& C,
                                           const CrossEntropyOptions& opts = {}) {
@@ -188,7 +197,19 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
 /// Outputs (accumulator_t<T>): loss (N) for Reduction::none, (1) otherwise; lse (N) or empty:
 /// the per-row LSE (0 for ignored rows), needed by the backward; vocab_order (V, int) or empty:
 /// the vocabulary sorted by average logit, for the backward's vocabulary sorting.
-/// Extra memory: O(N + V) workspace, no N x V buffer.
+/// Extra memory: O(N + V) workspace (cross_entropy_workspace_bytes), no N x V buffer.
+/// \param exec execution space instance; kernels are enqueued on it
+/// \param E (N x D) row-major view of T (float, double, tlse::bfloat16, tlse::float16)
+/// \param C (V x D) row-major view of T
+/// \param bias (V) view of T added to every logit of class j (-inf masks it), or empty
+/// \param targets (N) integer view, each in [0, V) or opts.ignore_index
+/// \param loss output view of accumulator_t<T>: (N) with Reduction::none, (1) otherwise
+/// \param lse (N) output view of accumulator_t<T>, or empty
+/// \param vocab_order (V) output view of int, or empty
+/// \param opts see CrossEntropyOptions
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, target, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class EV, class CV, class BiasV, class TargetV, class LossV, class LseV, class OrderV>
 void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
                    const LossV& loss, const LseV& lse, const OrderV& vocab_order, const CrossEntropyOptions& opts = {}) {
@@ -252,7 +273,16 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
   Kokkos::Profiling::popRegion();
 }
 
-/// Forward without bias, saved LSE or vocabulary order.
+/// Forward without bias, saved LSE or vocabulary order: loss only.
+/// \param exec execution space instance
+/// \param E (N x D) embeddings
+/// \param C (V x D) classifier
+/// \param targets (N) integer view
+/// \param loss output view of accumulator_t<T>: (N) with Reduction::none, (1) otherwise
+/// \param opts see CrossEntropyOptions
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, target, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class EV, class CV, class TargetV, class LossV>
 void cross_entropy(const Exec& exec, const EV& E, const CV& C, const TargetV& targets, const LossV& loss,
                    const CrossEntropyOptions& opts = {}) {
@@ -266,6 +296,21 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const TargetV& ta
 /// (shaped like the forward's loss). Writes dE (N x D), dC (V x D) and dbias (V); any of them may
 /// be an empty view (not computed). Rows that are ignored get zero gradient. Tiles whose softmax
 /// entries are all below filter_eps are skipped (CCE gradient filtering); filter_eps = 0 is exact.
+/// No atomics: bitwise reproducible. Extra memory: the workspace (O(N) for the generic kernels; a
+/// backend's backward may add a bounded buffer, counted by cross_entropy_workspace_bytes) plus
+/// Kokkos team scratch (32 x D accumulators per running team).
+/// \param exec execution space instance
+/// \param E, C, bias, targets the forward's inputs
+/// \param lse (N) the forward's lse output
+/// \param vocab_order (V) the forward's vocab_order output, or empty (natural order)
+/// \param dloss gradient with respect to the loss, shaped like the forward's loss
+/// \param dE (N x D) output view of T, or empty
+/// \param dC (V x D) output view of T, or empty
+/// \param dbias (V) output view of T, or empty
+/// \param opts the forward's options; `accumulate` adds into dE, dC and dbias
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, target, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
 template <class Exec, class EV, class CV, class BiasV, class TargetV, class LseV, class OrderV, class DLossV,
           class DEV, class DCV, class DBiasV>
 void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,

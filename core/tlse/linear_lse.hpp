@@ -7,16 +7,21 @@
 #include <tlse/impl/workspace_carver.hpp>
 #include <tlse/options.hpp>
 
+/// Everything TiledLSE users call lives in this namespace; internals are in `tlse::impl`.
 namespace tlse {
 
+/// Options of linear_lse() and linear_lse_backward() (pass the same to both).
 struct LinearLseOptions {
   double scale = 1.0;                   ///< multiplies every dot product; finite, >= 0
   bool exclude_diagonal = false;        ///< drop entries with i + diagonal_offset == j (self-similarity)
+  /// with exclude_diagonal: entry (i, j) is dropped when i + diagonal_offset == j
   std::int64_t diagonal_offset = 0;
   std::int64_t valid_cols = -1;         ///< only columns j < valid_cols take part; -1: all
   bool accumulate = false;              ///< backward: dA += ..., dB += ... instead of overwriting
   Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
+  /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
+  /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
 };
 
@@ -58,6 +63,11 @@ char* carve_linear_scratch(WorkspaceCarver& c, const Exec& exec, index_t rows, i
 }  // namespace impl
 
 /// Workspace bytes linear_lse and linear_lse_backward need for these operands (the larger).
+/// \param exec execution space instance the calls will run on (the size depends on its concurrency)
+/// \param A (rows x depth) operand, as passed to linear_lse
+/// \param B (cols x depth) operand
+/// \return bytes for LinearLseOptions::workspace: O(rows + cols) (docs/api.md, Memory).
+/// \param opts the options the calls will get (the precision can change the size)
 template <class Exec, class AV, class BV>
 std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& B,
                                        const LinearLseOptions& opts = {}) {
@@ -72,6 +82,14 @@ std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& 
 /// A: (rows x depth), B: (cols x depth), row-major, same scalar type T; bias: (cols) or empty;
 /// lse: (rows) of accumulator_t<T>. A row whose entries are all masked gets -inf.
 /// Extra memory: O(rows + cols) workspace, no rows x cols buffer.
+/// \param exec execution space instance; the kernels are enqueued on it
+/// \param A (rows x depth) row-major view of T (float, double, tlse::bfloat16, tlse::float16)
+/// \param B (cols x depth) row-major view of T
+/// \param bias (cols) view of T added to every logit of column j (-inf masks the column), or an empty view
+/// \param lse (rows) output view of accumulator_t<T>
+/// \param opts scale, diagonal exclusion, valid columns, non-finite policy, workspace
+/// \throws std::invalid_argument naming the argument on a shape, layout, option or workspace
+///         mismatch (and on NaN/Inf with NonFinite::detect), before anything is written.
 template <class Exec, class AV, class BV, class BiasV, class LseV>
 void linear_lse(const Exec& exec, const AV& A, const BV& B, const BiasV& bias, const LseV& lse,
                 const LinearLseOptions& opts = {}) {
@@ -94,6 +112,13 @@ void linear_lse(const Exec& exec, const AV& A, const BV& B, const BiasV& bias, c
   Kokkos::Profiling::popRegion();
 }
 
+/// linear_lse() without a bias: lse(i) = log sum_j exp(scale * A(i,:) . B(j,:)).
+/// \param exec execution space instance
+/// \param A (rows x depth) row-major view of T
+/// \param B (cols x depth) row-major view of T
+/// \param lse (rows) output view of accumulator_t<T>
+/// \param opts see LinearLseOptions
+/// \throws std::invalid_argument as the overload with a bias.
 template <class Exec, class AV, class BV, class LseV>
 void linear_lse(const Exec& exec, const AV& A, const BV& B, const LseV& lse, const LinearLseOptions& opts = {}) {
   linear_lse(exec, A, B, Kokkos::View<const impl::scalar_of<AV>*, typename AV::memory_space>(), lse, opts);
@@ -104,6 +129,18 @@ void linear_lse(const Exec& exec, const AV& A, const BV& B, const LseV& lse, con
 /// with p_ij = exp(x_ij - lse(i)). dA or dB may be empty views (not computed). With
 /// opts.accumulate the results are added to dA and dB, otherwise they overwrite them.
 /// The bias gradient is sum_i dlse(i) p_ij; it is not returned here (cross_entropy_backward does).
+/// Tiles are recomputed (two passes: one owns rows and writes dA, one owns columns and writes
+/// dB), so no atomics are used and results are bitwise reproducible.
+/// Extra memory: the workspace (a backend's backward may use it; the generic one needs none) and
+/// Kokkos team scratch of 32 x depth accumulators per running team.
+/// \param exec execution space instance
+/// \param A, B, bias the forward's inputs
+/// \param lse (rows) the forward's output
+/// \param dlse (rows) gradient of the loss with respect to lse, accumulator_t<T>
+/// \param dA (rows x depth) output view of T, or empty
+/// \param dB (cols x depth) output view of T, or empty
+/// \param opts the forward's options; `accumulate` adds into dA and dB
+/// \throws std::invalid_argument naming the argument on a mismatch, before anything is written.
 template <class Exec, class AV, class BV, class BiasV, class LseV, class DLseV, class DAV, class DBV>
 void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV& bias, const LseV& lse,
                          const DLseV& dlse, const DAV& dA, const DBV& dB, const LinearLseOptions& opts = {}) {

@@ -1,6 +1,7 @@
 #pragma once
-// Options shared by the TiledLSE calls: reductions, directions, the non-finite policy and the
-// caller-provided workspace.
+/// \file options.hpp
+/// Options shared by the TiledLSE calls: reductions, directions, the non-finite policy and the
+/// caller-provided workspace.
 #include <cstddef>
 #include <cstdint>
 
@@ -33,7 +34,9 @@ enum class Precision { exact, tf32 };
 /// allocates (and frees) what it needs itself. Apart from this buffer a call only uses Kokkos
 /// team scratch (see docs/api.md for its size).
 struct Workspace {
+  /// start of the buffer (any alignment; the call aligns inside it), or nullptr
   void* data = nullptr;
+  /// its size; a call throws std::invalid_argument if it is smaller than needed
   std::size_t bytes = 0;
 };
 

@@ -1,7 +1,8 @@
 #pragma once
-// Storage-only 16-bit floating-point types. Kokkos 3.4 has no bfloat16 and its half_t is
-// backend-specific, so TiledLSE carries two tiny portable types: they only convert to and
-// from float (round to nearest even), and every kernel accumulates in float.
+/// \file scalar_types.hpp
+/// Storage-only 16-bit floating-point types. Kokkos 3.4 has no bfloat16 and its half_t is
+/// backend-specific, so TiledLSE carries two tiny portable types: they only convert to and
+/// from float (round to nearest even), and every kernel accumulates in float.
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -25,8 +26,11 @@ KOKKOS_INLINE_FUNCTION float bits_float(std::uint32_t u) {
 
 /// bfloat16 storage: the upper half of an IEEE float32.
 struct bfloat16 {
+  /// the stored bit pattern (sign, 8 exponent bits, 7 mantissa bits)
   std::uint16_t bits = 0;
+  /// +0
   bfloat16() = default;
+  /// Rounds f to the nearest bfloat16 (ties to even); NaN stays a quiet NaN.
   KOKKOS_INLINE_FUNCTION explicit bfloat16(float f) {
     const std::uint32_t u = impl::float_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet, never round to Inf
@@ -36,6 +40,7 @@ struct bfloat16 {
       bits = static_cast<std::uint16_t>((u + rounding) >> 16);
     }
   }
+  /// The exact float value.
   KOKKOS_INLINE_FUNCTION explicit operator float() const {
     return impl::bits_float(static_cast<std::uint32_t>(bits) << 16);
   }
@@ -43,8 +48,11 @@ struct bfloat16 {
 
 /// IEEE binary16 storage (fp16).
 struct float16 {
+  /// the stored bit pattern (sign, 5 exponent bits, 10 mantissa bits)
   std::uint16_t bits = 0;
+  /// +0
   float16() = default;
+  /// Rounds f to the nearest binary16 (ties to even; >= 65520 becomes Inf, subnormals kept).
   KOKKOS_INLINE_FUNCTION explicit float16(float f) {
     const std::uint32_t u = impl::float_bits(f);
     const std::uint32_t sign = (u >> 16) & 0x8000u;
@@ -64,6 +72,7 @@ struct float16 {
     }
     bits = static_cast<std::uint16_t>(sign | h);
   }
+  /// The exact float value.
   KOKKOS_INLINE_FUNCTION explicit operator float() const {
     const std::uint32_t sign = (static_cast<std::uint32_t>(bits) & 0x8000u) << 16;
     const std::uint32_t exp = (bits >> 10) & 0x1fu;
@@ -81,6 +90,7 @@ struct float16 {
 template <class T>
 using accumulator_t = std::conditional_t<std::is_same<T, double>::value, double, float>;
 
+/// True for the input types TiledLSE accepts: float, double, bfloat16, float16.
 template <class T>
 struct is_supported_scalar
     : std::integral_constant<bool, std::is_same<T, float>::value || std::is_same<T, double>::value ||
@@ -95,6 +105,7 @@ constexpr double storage_epsilon() {
                                             : 0x1p-10;
 }
 
+/// Short name of the storage type: "f64", "f32", "bf16" or "f16" (messages, benchmark names).
 template <class T>
 constexpr const char* scalar_name() {
   return std::is_same<T, double>::value ? "f64"

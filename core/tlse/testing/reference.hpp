@@ -12,15 +12,22 @@
 #include <limits>
 #include <vector>
 
+/// Float64 references (test oracles); `detail` holds their helpers.
 namespace tlse::testing {
 
 /// A row-major float64 matrix.
 struct Matrix {
+  /// Row count (cols: column count).
   std::int64_t rows = 0, cols = 0;
+  /// rows * cols entries, row-major.
   std::vector<double> v;
+  /// Empty (0 x 0).
   Matrix() = default;
+  /// rows r x cols c, zero-filled.
   Matrix(std::int64_t r, std::int64_t c) : rows(r), cols(c), v(std::size_t(r * c), 0.0) {}
+  /// Entry (i, j).
   double& operator()(std::int64_t i, std::int64_t j) { return v[std::size_t(i * cols + j)]; }
+  /// Entry (i, j).
   double operator()(std::int64_t i, std::int64_t j) const { return v[std::size_t(i * cols + j)]; }
 };
 
@@ -70,8 +77,11 @@ void magnitudes(R& r, const Matrix& Gabs, const Matrix& A, const Matrix& B, doub
 /// Every reference also returns error magnitudes for tolerances: dA_mag, dB_mag (see
 /// detail::magnitudes) and G_abs_sum = sum_ij Gabs_ij.
 struct LinearLseReference {
+  /// Per row of A.
   std::vector<double> lse;
+  /// Gradients of A and B for the given dlse, and their error magnitudes.
   Matrix dA, dB, dA_mag, dB_mag;
+  /// sum_ij Gabs_ij.
   double G_abs_sum = 0;
 };
 
@@ -97,15 +107,21 @@ inline LinearLseReference linear_lse_reference(const Matrix& A, const Matrix& B,
   return r;
 }
 
+/// Result of cross_entropy_reference().
 struct CrossEntropyReference {
   std::vector<double> row_loss;  ///< per row (0 for ignored rows)
   double loss = 0;               ///< reduced as the options say (row_loss when Reduction::none is unused)
   std::vector<double> lse;       ///< per row (0 for ignored rows)
+  /// Gradients of E and C for the given dloss.
   Matrix dE, dC;
+  /// Bias gradient (V).
   std::vector<double> dbias;
+  /// Rows not ignored.
   std::int64_t active = 0;
   Matrix dA_mag, dB_mag;  ///< magnitudes of dE and dC
+  /// sum_ij Gabs_ij.
   double G_abs_sum = 0;
+  /// Magnitudes of dbias.
   std::vector<double> dbias_mag;
 };
 
@@ -149,12 +165,17 @@ inline CrossEntropyReference cross_entropy_reference(const Matrix& E, const Matr
   return r;
 }
 
+/// Result of contrastive_reference() and self_contrastive_reference().
 struct ContrastiveReference {
+  /// The reduced loss.
   double loss = 0;
+  /// Image-to-text LSEs (per row of Z for the self form); col_lse: text-to-image (empty for the self form).
   std::vector<double> row_lse, col_lse;
   Matrix dI, dT;  ///< for the self-similarity form, dI is dZ and dT is empty
+  /// Gradient with respect to the logit scale.
   double dscale = 0;
   Matrix dA_mag, dB_mag;  ///< magnitudes of dI and dT (of dZ in dA_mag for the self form)
+  /// sum_ij Gabs_ij.
   double G_abs_sum = 0;
   double dscale_mag = 0;  ///< sum_ij Gabs_ij |I_i . T_j|
 };
@@ -230,5 +251,24 @@ inline ContrastiveReference self_contrastive_reference(const Matrix& Z, const Co
   r.dT = Matrix();
   return r;
 }
+
+/// \var Matrix::cols
+/// Column count.
+/// \var LinearLseReference::dB
+/// Gradient of B for the given dlse.
+/// \var LinearLseReference::dA_mag
+/// Error magnitude of each entry of dA (detail::magnitudes).
+/// \var LinearLseReference::dB_mag
+/// Error magnitude of each entry of dB.
+/// \var CrossEntropyReference::dC
+/// Gradient of C for the given dloss.
+/// \var CrossEntropyReference::dA_mag
+/// Error magnitudes of dE.
+/// \var ContrastiveReference::col_lse
+/// Text-to-image LSEs (empty for the self-similarity form).
+/// \var ContrastiveReference::dI
+/// Gradient of I (of Z for the self-similarity form).
+/// \var ContrastiveReference::dA_mag
+/// Error magnitudes of dI (of dZ for the self-similarity form).
 
 }  // namespace tlse::testing
