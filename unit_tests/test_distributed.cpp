@@ -283,14 +283,14 @@ TYPED_TEST(Distributed, CrossEntropySumFilteredZLoss) {
   this->cross_entropy(rng, 50, uneven_split(131, this->size, false), 29, o, true);
 }
 
-// Plain checks that need no dtype sweep.
-using Host = Kokkos::DefaultExecutionSpace;
-using HostConfig = Config<Host, float>;
+// Plain checks that need no dtype sweep, on the default execution space.
+using Default = Kokkos::DefaultExecutionSpace;
+using DefaultConfig = Config<Default, float>;
 
 TEST(DistributedRing, StepSendsToTheNextRank) {
-  Host exec;
-  MpiCommunicator<Host> comm(exec, MPI_COMM_WORLD);
-  Kokkos::View<int*, Host::memory_space> send("send", 5), recv("recv", 5);
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
+  Kokkos::View<int*, Default::memory_space> send("send", 5), recv("recv", 5);
   const int r = comm.rank(), n = comm.size();
   Kokkos::deep_copy(send, r);
   auto request = comm.ring_step(send, recv);
@@ -300,15 +300,15 @@ TEST(DistributedRing, StepSendsToTheNextRank) {
 }
 
 TEST(DistributedErrors, MismatchedFeatureCountsFailOnEveryRank) {
-  Host exec;
-  MpiCommunicator<Host> comm(exec, MPI_COMM_WORLD);
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
   const int last = comm.size() - 1;
   const std::int64_t c = comm.rank() == last && comm.size() > 1 ? 9 : 8;
-  HostConfig::MatrixView I("I", 4, c), T("T", 4, c);
-  HostConfig::AccView loss("loss", 1);
+  DefaultConfig::MatrixView I("I", 4, c), T("T", 4, c);
+  DefaultConfig::AccView loss("loss", 1);
   const auto [msg, same] = collective_error([&] {
-    tlse::distributed::contrastive_loss(comm, I, T, HostConfig::IntView(), loss, HostConfig::AccView(),
-                                        HostConfig::AccView());
+    tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss, DefaultConfig::AccView(),
+                                        DefaultConfig::AccView());
   });
   EXPECT_TRUE(same) << msg;
   if (comm.size() > 1)
@@ -319,24 +319,24 @@ TEST(DistributedErrors, MismatchedFeatureCountsFailOnEveryRank) {
 }
 
 TEST(DistributedErrors, MismatchedScalarTypesFailOnEveryRank) {
-  Host exec;
-  MpiCommunicator<Host> comm(exec, MPI_COMM_WORLD);
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
   if (comm.size() == 1) GTEST_SKIP() << "needs two ranks";
   std::string msg;
   bool same = false;
   if (comm.rank() == 1) {
-    Config<Host, double>::MatrixView I("I", 4, 8), T("T", 4, 8);
-    Config<Host, double>::AccView loss("loss", 1);
+    Config<Default, double>::MatrixView I("I", 4, 8), T("T", 4, 8);
+    Config<Default, double>::AccView loss("loss", 1);
     std::tie(msg, same) = collective_error([&] {
-      tlse::distributed::contrastive_loss(comm, I, T, HostConfig::IntView(), loss, Config<Host, double>::AccView(),
-                                          Config<Host, double>::AccView());
+      tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss, Config<Default, double>::AccView(),
+                                          Config<Default, double>::AccView());
     });
   } else {
-    HostConfig::MatrixView I("I", 4, 8), T("T", 4, 8);
-    HostConfig::AccView loss("loss", 1);
+    DefaultConfig::MatrixView I("I", 4, 8), T("T", 4, 8);
+    DefaultConfig::AccView loss("loss", 1);
     std::tie(msg, same) = collective_error([&] {
-      tlse::distributed::contrastive_loss(comm, I, T, HostConfig::IntView(), loss, HostConfig::AccView(),
-                                          HostConfig::AccView());
+      tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss, DefaultConfig::AccView(),
+                                          DefaultConfig::AccView());
     });
   }
   EXPECT_TRUE(same) << msg;
@@ -345,14 +345,14 @@ TEST(DistributedErrors, MismatchedScalarTypesFailOnEveryRank) {
 }
 
 TEST(DistributedErrors, ARankRejectingItsArgumentsStopsEveryRank) {
-  Host exec;
-  MpiCommunicator<Host> comm(exec, MPI_COMM_WORLD);
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
   const int last = comm.size() - 1;
   // The last rank passes a vocabulary shard with a bias of the wrong length.
-  HostConfig::MatrixView E("E", 6, 4), C("C", 5, 4);
-  HostConfig::VectorView bias("bias", comm.rank() == last ? 4 : 5);
-  HostConfig::IndexView targets("targets", 6);
-  HostConfig::AccView loss("loss", 1), lse("lse", 6);
+  DefaultConfig::MatrixView E("E", 6, 4), C("C", 5, 4);
+  DefaultConfig::VectorView bias("bias", comm.rank() == last ? 4 : 5);
+  DefaultConfig::IndexView targets("targets", 6);
+  DefaultConfig::AccView loss("loss", 1), lse("lse", 6);
   const auto [msg, same] = collective_error([&] {
     tlse::distributed::cross_entropy(comm, E, C, bias, targets, loss, lse);
   });
@@ -362,14 +362,14 @@ TEST(DistributedErrors, ARankRejectingItsArgumentsStopsEveryRank) {
 }
 
 TEST(DistributedErrors, GlobalLabelsOutOfRange) {
-  Host exec;
-  MpiCommunicator<Host> comm(exec, MPI_COMM_WORLD);
-  HostConfig::MatrixView I("I", 3, 4), T("T", 3, 4);
-  HostConfig::AccView loss("loss", 1);
-  Kokkos::View<int*, Host::memory_space> labels("labels", 3);
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
+  DefaultConfig::MatrixView I("I", 3, 4), T("T", 3, 4);
+  DefaultConfig::AccView loss("loss", 1);
+  Kokkos::View<int*, Default::memory_space> labels("labels", 3);
   Kokkos::deep_copy(labels, comm.rank() == 0 ? 3 * comm.size() : 0);  // B = 3 * size: one past the end on rank 0
   const auto [msg, same] = collective_error([&] {
-    tlse::distributed::contrastive_loss(comm, I, T, labels, loss, HostConfig::AccView(), HostConfig::AccView());
+    tlse::distributed::contrastive_loss(comm, I, T, labels, loss, DefaultConfig::AccView(), DefaultConfig::AccView());
   });
   EXPECT_TRUE(same) << msg;
   EXPECT_EQ(msg, "tlse::distributed::contrastive_loss: argument 'labels' has labels[0] = " +

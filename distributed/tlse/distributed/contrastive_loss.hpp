@@ -116,13 +116,19 @@ struct ContrastiveRing {
                   Direction d, const LabelV& labels, RingStatistics* st)
       : comm(c), L(layout), I(I_, layout.rows[layout.rank], cols), Tx(T_, layout.rows[layout.rank], cols),
         scale(Acc(s)), w(d), stats(st) {
-    const index_t b = L.rows[L.rank], m = L.max_rows, off = L.offset[L.rank];
-    Vec<int> mine("tlse::positives", m);
+    positives = Vec<int>("tlse::all_positives", L.max_rows * L.size);
+    comm.allgather(own_positives(labels), positives);
+  }
+
+  /// This rank's positives as global indices (labels, or the diagonal), padded to max_rows.
+  template <class LabelV>
+  Vec<int> own_positives(const LabelV& labels) const {
+    const index_t b = L.rows[L.rank], off = L.offset[L.rank];
+    Vec<int> mine("tlse::positives", L.max_rows);
     const auto* l = labels.extent(0) ? labels.data() : nullptr;
-    Kokkos::parallel_for("tlse::ring_positives", Kokkos::RangePolicy<Exec>(comm.exec(), 0, m),
+    Kokkos::parallel_for("tlse::ring_positives", Kokkos::RangePolicy<Exec>(comm.exec(), 0, L.max_rows),
                          KOKKOS_LAMBDA(index_t i) { mine(i) = i >= b ? -1 : l ? int(l[i]) : int(off + i); });
-    positives = Vec<int>("tlse::all_positives", m * L.size);
-    comm.allgather(mine, positives);
+    return mine;
   }
 
   index_t rows() const { return L.rows[L.rank]; }
