@@ -98,6 +98,11 @@ class NcclCommunicator {
     if (impl::contiguous_bytes("tlse::distributed::ring_step", "recv", recv) != bytes)
       throw std::invalid_argument("tlse::distributed::ring_step: 'send' and 'recv' must have the same size");
     exec_.fence();
+    if (size_ == 1) {  // the ring is this rank alone: a copy, without relying on NCCL's self send
+      impl::cuda_check(cudaMemcpyAsync(recv.data(), send.data(), bytes, cudaMemcpyDeviceToDevice, transfer_->stream),
+                       "cudaMemcpyAsync (ring step)");
+      return Request(transfer_);
+    }
     const int to = (rank_ + 1) % size_, from = (rank_ + size_ - 1) % size_;
     impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
     impl::nccl_check(ncclSend(send.data(), bytes, ncclInt8, to, comm_, transfer_->stream), "ncclSend");
