@@ -32,15 +32,23 @@ int run(const Setup& s, const Comm& comm) {
   const long b = s.B / n + (rank < s.B % n ? 1 : 0), off = rank * (s.B / n) + std::min<long>(rank, s.B % n);
   Kokkos::View<T**, Kokkos::LayoutRight, Mem> I("I", b, s.c), T_("T", b, s.c), dI("dI", b, s.c), dT("dT", b, s.c);
   const long c = s.c;
-  Kokkos::parallel_for("init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, b * c), KOKKOS_LAMBDA(long i) {
-    // A hash of the global element index to roughly N(0, 1/c): rows of about unit norm, and the
-    // same global data whatever the number of ranks.
-    auto u = [](unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdUL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53UL; x ^= x >> 33; return float(x >> 40) / float(1 << 24); };
-    const unsigned long g = (unsigned long)(off * c + i);
-    const float scale = 1.7320508f / sqrtf(float(c));
-    I.data()[i] = T((u(8 * g) + u(8 * g + 1) + u(8 * g + 2) + u(8 * g + 3) - 2.0f) * scale);
-    T_.data()[i] = T((u(8 * g + 4) + u(8 * g + 5) + u(8 * g + 6) + u(8 * g + 7) - 2.0f) * scale);
-  });
+  Kokkos::parallel_for(
+      "init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, b * c), KOKKOS_LAMBDA(long i) {
+        // A hash of the global element index to roughly N(0, 1/c): rows of about unit norm, and the
+        // same global data whatever the number of ranks.
+        auto u = [](unsigned long x) {
+          x ^= x >> 33;
+          x *= 0xff51afd7ed558ccdUL;
+          x ^= x >> 33;
+          x *= 0xc4ceb9fe1a85ec53UL;
+          x ^= x >> 33;
+          return float(x >> 40) / float(1 << 24);
+        };
+        const unsigned long g = (unsigned long)(off * c + i);
+        const float scale = 1.7320508f / sqrtf(float(c));
+        I.data()[i] = T((u(8 * g) + u(8 * g + 1) + u(8 * g + 2) + u(8 * g + 3) - 2.0f) * scale);
+        T_.data()[i] = T((u(8 * g + 4) + u(8 * g + 5) + u(8 * g + 6) + u(8 * g + 7) - 2.0f) * scale);
+      });
   Kokkos::View<Acc*, Mem> loss("loss", 1), row_lse("row_lse", b), col_lse("col_lse", b), dloss("dloss", 1),
       dscale("dscale", 1);
   Kokkos::deep_copy(dloss, Acc(1));
@@ -68,11 +76,12 @@ int run(const Setup& s, const Comm& comm) {
   const double ms = step_ms[step_ms.size() / 2], exposed = exposed_ms[exposed_ms.size() / 2];
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss);
   if (rank == 0)
-    std::printf("{\"kind\": \"distributed_contrastive_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"B\": %ld, \"c\": %ld, "
-                "\"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, \"ms_exposed_comm\": %.3f, "
-                "\"MB_sent_per_rank\": %.2f, \"exec\": \"%s\", \"iterations\": %d}\n",
-                n, s.comm.c_str(), s.B, s.c, s.dtype.c_str(), double(h(0)), ms, exposed, bytes / 1e6, Exec::name(),
-                s.iterations);
+    std::printf(
+        "{\"kind\": \"distributed_contrastive_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"B\": %ld, \"c\": %ld, "
+        "\"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, \"ms_exposed_comm\": %.3f, "
+        "\"MB_sent_per_rank\": %.2f, \"exec\": \"%s\", \"iterations\": %d}\n",
+        n, s.comm.c_str(), s.B, s.c, s.dtype.c_str(), double(h(0)), ms, exposed, bytes / 1e6, Exec::name(),
+        s.iterations);
   return 0;
 }
 

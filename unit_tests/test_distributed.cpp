@@ -36,11 +36,10 @@ int world_size() {
 }
 
 /// One seed for all ranks (rank 0's), reported on failure.
-#define TLSE_SHARED_SEED(rng)                                                                              \
-  unsigned tlse_seed_ = ::tlse::test::test_seed();                                                       \
-  MPI_Bcast(&tlse_seed_, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);                                            \
-  SCOPED_TRACE("seed " + std::to_string(tlse_seed_) + " (replay: TLSE_TEST_SEED=" + std::to_string(tlse_seed_) + \
-               ")");                                                                                     \
+#define TLSE_SHARED_SEED(rng)                                                                                          \
+  unsigned tlse_seed_ = ::tlse::test::test_seed();                                                                     \
+  MPI_Bcast(&tlse_seed_, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);                                                          \
+  SCOPED_TRACE("seed " + std::to_string(tlse_seed_) + " (replay: TLSE_TEST_SEED=" + std::to_string(tlse_seed_) + ")"); \
   std::mt19937_64 rng(tlse_seed_)
 
 /// Uneven shares of `total` rows: rank r gets weight (r % 3 + 1), and with `empty_rank` the
@@ -64,7 +63,8 @@ Matrix rows_of(const Matrix& m, std::int64_t first, std::int64_t count) {
   std::copy(m.v.begin() + first * m.cols, m.v.begin() + (first + count) * m.cols, r.v.begin());
   return r;
 }
-std::vector<double> slice(const std::vector<double>& v, std::int64_t first, std::int64_t count, std::int64_t width = 1) {
+std::vector<double> slice(const std::vector<double>& v, std::int64_t first, std::int64_t count,
+                          std::int64_t width = 1) {
   return std::vector<double>(v.begin() + first * width, v.begin() + (first + count) * width);
 }
 
@@ -190,7 +190,8 @@ struct Distributed : ::testing::Test {
     typename C::MatrixView dE1("dE", N, D), dC1("dC", V, D);
     typename C::VectorView db1("db", with_bias ? V : 0);
     tlse::cross_entropy(exec, Ed, Wg, bg, tg, loss1, lse1, Kokkos::View<int*, typename C::Mem>(), o);
-    tlse::cross_entropy_backward(exec, Ed, Wg, bg, tg, lse1, Kokkos::View<int*, typename C::Mem>(), dl, dE1, dC1, db1, o);
+    tlse::cross_entropy_backward(exec, Ed, Wg, bg, tg, lse1, Kokkos::View<int*, typename C::Mem>(), dl, dE1, dC1, db1,
+                                 o);
 
     auto Wl = to_device<C>(rows_of(W, voff, vr));
     auto bl = vector_to_device<typename C::VectorView>(with_bias ? slice(bias, voff, vr) : std::vector<double>());
@@ -212,7 +213,8 @@ struct Distributed : ::testing::Test {
       const double row_tol = 2 * lse_tol * (1 + 2 * o.z_loss * lse_max);
       expect_close("loss", to_host(loss), to_host(loss1), [&](std::size_t) {
         return none ? row_tol
-                    : row_tol * (o.reduction == tlse::Reduction::sum ? double(std::max<std::int64_t>(ref.active, 1)) : 1.0) +
+                    : row_tol * (o.reduction == tlse::Reduction::sum ? double(std::max<std::int64_t>(ref.active, 1))
+                                                                     : 1.0) +
                           8 * tol.u * std::fabs(ref.loss) * std::sqrt(double(N) + 1);
       });
       // Filtering skips different tiles in a shard than in the whole vocabulary: each side drops
@@ -232,9 +234,8 @@ struct Distributed : ::testing::Test {
         return 2 * (tol.grad(ref.dC.v[gk], ref.dB_mag.v[gk], N) + eps * g_max * colsum_E[k % D]);
       });
       if (with_bias)
-        expect_close("dbias", to_host(db), slice(to_host(db1), voff, vr), [&](std::size_t k) {
-          return 2 * tol.grad(ref.dbias[voff + k], ref.dbias_mag[voff + k], N);
-        });
+        expect_close("dbias", to_host(db), slice(to_host(db1), voff, vr),
+                     [&](std::size_t k) { return 2 * tol.grad(ref.dbias[voff + k], ref.dbias_mag[voff + k], N); });
     });
   }
 };
@@ -259,8 +260,10 @@ TYPED_TEST(Distributed, ContrastiveGlobalPositivesAndAnEmptyRank) {
 
 TYPED_TEST(Distributed, ContrastiveOneDirection) {
   TLSE_SHARED_SEED(rng);
-  this->contrastive(rng, uneven_split(40, this->size, false), 24, contrastive_options(5.0, tlse::Direction::image_to_text), true);
-  this->contrastive(rng, uneven_split(40, this->size, false), 24, contrastive_options(5.0, tlse::Direction::text_to_image), true);
+  this->contrastive(rng, uneven_split(40, this->size, false), 24,
+                    contrastive_options(5.0, tlse::Direction::image_to_text), true);
+  this->contrastive(rng, uneven_split(40, this->size, false), 24,
+                    contrastive_options(5.0, tlse::Direction::text_to_image), true);
 }
 
 TYPED_TEST(Distributed, CrossEntropyVocabularyShards) {
@@ -328,8 +331,8 @@ TEST(DistributedErrors, MismatchedScalarTypesFailOnEveryRank) {
     Config<Default, double>::MatrixView I("I", 4, 8), T("T", 4, 8);
     Config<Default, double>::AccView loss("loss", 1);
     std::tie(msg, same) = collective_error([&] {
-      tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss, Config<Default, double>::AccView(),
-                                          Config<Default, double>::AccView());
+      tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss,
+                                          Config<Default, double>::AccView(), Config<Default, double>::AccView());
     });
   } else {
     DefaultConfig::MatrixView I("I", 4, 8), T("T", 4, 8);
@@ -340,8 +343,9 @@ TEST(DistributedErrors, MismatchedScalarTypesFailOnEveryRank) {
     });
   }
   EXPECT_TRUE(same) << msg;
-  EXPECT_EQ(msg, "tlse::distributed::contrastive_loss: argument 'I' has scalar type double on rank 1 but float on "
-                 "rank 0; every rank must pass the same");
+  EXPECT_EQ(msg,
+            "tlse::distributed::contrastive_loss: argument 'I' has scalar type double on rank 1 but float on "
+            "rank 0; every rank must pass the same");
 }
 
 TEST(DistributedErrors, ARankRejectingItsArgumentsStopsEveryRank) {
@@ -353,12 +357,13 @@ TEST(DistributedErrors, ARankRejectingItsArgumentsStopsEveryRank) {
   DefaultConfig::VectorView bias("bias", comm.rank() == last ? 4 : 5);
   DefaultConfig::IndexView targets("targets", 6);
   DefaultConfig::AccView loss("loss", 1), lse("lse", 6);
-  const auto [msg, same] = collective_error([&] {
-    tlse::distributed::cross_entropy(comm, E, C, bias, targets, loss, lse);
-  });
+  const auto [msg, same] =
+      collective_error([&] { tlse::distributed::cross_entropy(comm, E, C, bias, targets, loss, lse); });
   EXPECT_TRUE(same) << msg;
-  EXPECT_EQ(msg, "tlse::distributed::cross_entropy: argument 'bias' has extent 4 but this rank's shard of C needs 5 "
-                 "(on rank " + std::to_string(last) + "; no rank exchanged data)");
+  EXPECT_EQ(msg,
+            "tlse::distributed::cross_entropy: argument 'bias' has extent 4 but this rank's shard of C needs 5 "
+            "(on rank " +
+                std::to_string(last) + "; no rank exchanged data)");
 }
 
 TEST(DistributedErrors, GlobalLabelsOutOfRange) {
@@ -372,9 +377,9 @@ TEST(DistributedErrors, GlobalLabelsOutOfRange) {
     tlse::distributed::contrastive_loss(comm, I, T, labels, loss, DefaultConfig::AccView(), DefaultConfig::AccView());
   });
   EXPECT_TRUE(same) << msg;
-  EXPECT_EQ(msg, "tlse::distributed::contrastive_loss: argument 'labels' has labels[0] = " +
-                     std::to_string(3 * comm.size()) + ", outside [0, " + std::to_string(3 * comm.size()) +
-                     ") (on rank 0; no rank exchanged data)");
+  EXPECT_EQ(
+      msg, "tlse::distributed::contrastive_loss: argument 'labels' has labels[0] = " + std::to_string(3 * comm.size()) +
+               ", outside [0, " + std::to_string(3 * comm.size()) + ") (on rank 0; no rank exchanged data)");
 }
 
 struct RankFailurePrinter : ::testing::EmptyTestEventListener {

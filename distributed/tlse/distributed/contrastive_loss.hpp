@@ -18,7 +18,6 @@
 #include <tlse/distributed/impl/agreement.hpp>
 #include <tlse/distributed/impl/ring.hpp>
 
-#include <cstring>
 #include <type_traits>
 
 namespace tlse::distributed {
@@ -27,12 +26,6 @@ namespace impl {
 
 /// The metadata every rank contributes, in this order.
 enum ContrastiveField { f_rows, f_cols, f_scalar, f_has_labels, f_direction, f_scale, contrastive_fields };
-
-inline std::int64_t bits(double v) {
-  std::int64_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
 
 /// An optional output whose presence decides a collective step (a ring, an all-reduce): every
 /// rank must ask for it or none. `wanted` may be Agreement::any_value (a rank without rows).
@@ -50,15 +43,15 @@ struct ContrastiveAgreement {
 /// Checks the arguments on every rank, agrees on the shapes and on `outputs`.
 /// `local_checks` covers the call-specific outputs.
 template <class Comm, class IV, class TV, class LabelV, class Checks>
-ContrastiveAgreement agree_contrastive(const Comm& comm, const tlse::impl::ArgumentChecker& check, const IV& I, const TV& Tx,
-                            const LabelV& labels, const ContrastiveOptions& o,
-                            const std::vector<CollectiveOutput>& outputs, const Checks& local_checks) {
+ContrastiveAgreement agree_contrastive(const Comm& comm, const tlse::impl::ArgumentChecker& check, const IV& I,
+                                       const TV& Tx, const LabelV& labels, const ContrastiveOptions& o,
+                                       const std::vector<CollectiveOutput>& outputs, const Checks& local_checks) {
   using T = tlse::impl::scalar_of<IV>;
   const auto& exec = comm.exec();
   std::vector<std::int64_t> meta = {std::int64_t(I.extent(0)), std::int64_t(I.extent(1)), scalar_code<T>(),
-                                          // a rank without rows cannot tell whether labels are given
-                                          I.extent(0) == 0 ? Agreement::any_value : labels.extent(0) > 0,
-                                          std::int64_t(o.direction), bits(o.scale)};
+                                    // a rank without rows cannot tell whether labels are given
+                                    I.extent(0) == 0 ? Agreement::any_value : labels.extent(0) > 0,
+                                    std::int64_t(o.direction), double_bits(o.scale)};
   for (const auto& out : outputs) meta.push_back(out.wanted);
   Agreement shapes(comm, check.function(), meta, [&] {
     tlse::impl::check_operands(check, "I", I, "T", Tx);
@@ -87,8 +80,7 @@ ContrastiveAgreement agree_contrastive(const Comm& comm, const tlse::impl::Argum
   }
   // Positives are global indices: checked once the global batch is known, agreed again.
   Agreement positives(comm, check.function(), {}, [&] {
-    tlse::impl::check_indices(exec, check, "labels", labels, 0, std::int64_t(labels.extent(0)), layout.total, 0,
-                              false);
+    tlse::impl::check_indices(exec, check, "labels", labels, 0, std::int64_t(labels.extent(0)), layout.total, 0, false);
   });
   return agreed;
 }
@@ -105,17 +97,22 @@ struct ContrastiveRing {
 
   const Comm& comm;
   const RowLayout& L;
-  ConstMat I, Tx;                        // this rank's blocks
+  ConstMat I, Tx;  // this rank's blocks
   Acc scale;
   tlse::impl::DirectionWeights w;
-  Vec<int> positives;                    // size x max_rows: every rank's positives (global), padded with -1
+  Vec<int> positives;  // size x max_rows: every rank's positives (global), padded with -1
   RingStatistics* stats;
 
   template <class LabelV>
-  ContrastiveRing(const Comm& c, const RowLayout& layout, const T* I_, const T* T_, index_t cols, double s,
-                  Direction d, const LabelV& labels, RingStatistics* st)
-      : comm(c), L(layout), I(I_, layout.rows[layout.rank], cols), Tx(T_, layout.rows[layout.rank], cols),
-        scale(Acc(s)), w(d), stats(st) {
+  ContrastiveRing(const Comm& c, const RowLayout& layout, const T* I_, const T* T_, index_t cols, double s, Direction d,
+                  const LabelV& labels, RingStatistics* st)
+      : comm(c),
+        L(layout),
+        I(I_, layout.rows[layout.rank], cols),
+        Tx(T_, layout.rows[layout.rank], cols),
+        scale(Acc(s)),
+        w(d),
+        stats(st) {
     positives = Vec<int>("tlse::all_positives", L.max_rows * L.size);
     comm.allgather(own_positives(labels), positives);
   }
@@ -126,8 +123,10 @@ struct ContrastiveRing {
     const index_t b = L.rows[L.rank], off = L.offset[L.rank];
     Vec<int> mine("tlse::positives", L.max_rows);
     const auto* l = labels.extent(0) ? labels.data() : nullptr;
-    Kokkos::parallel_for("tlse::ring_positives", Kokkos::RangePolicy<Exec>(comm.exec(), 0, L.max_rows),
-                         KOKKOS_LAMBDA(index_t i) { mine(i) = i >= b ? -1 : l ? int(l[i]) : int(off + i); });
+    Kokkos::parallel_for(
+        "tlse::ring_positives", Kokkos::RangePolicy<Exec>(comm.exec(), 0, L.max_rows), KOKKOS_LAMBDA(index_t i) {
+          mine(i) = i >= b ? -1 : l ? int(l[i]) : int(off + i);
+        });
     return mine;
   }
 
@@ -160,15 +159,16 @@ struct ContrastiveRing {
     Vec<Acc> acc[2] = {Vec<Acc>("tlse::ring_acc0", col ? 2 * m : 0), Vec<Acc>("tlse::ring_acc1", col ? 2 * m : 0)};
     Vec<Acc> row_lse("tlse::row_lse", b), row_pos("tlse::row_pos", b), row_part("tlse::row_part", b),
         row_pair("tlse::row_pair", b), col_part("tlse::col_part", m), col_pair("tlse::col_pair", m);
-    Vec<Acc> partials("tlse::partials", tlse::impl::forward_partials_size(
-                                            tlse::impl::ForwardGrid::plan(exec, b, m), b, m, col, false));
+    Vec<Acc> partials("tlse::partials",
+                      tlse::impl::forward_partials_size(tlse::impl::ForwardGrid::plan(exec, b, m), b, m, col, false));
     {
       Acc* a = acc[0].data();
       Acc* rl = row_lse.data();
-      Kokkos::parallel_for("tlse::ring_init", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
-        if (col) a[i] = -tlse::impl::infinity<Acc>();
-        if (i < b) rl[i] = -tlse::impl::infinity<Acc>();
-      });
+      Kokkos::parallel_for(
+          "tlse::ring_init", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
+            if (col) a[i] = -tlse::impl::infinity<Acc>();
+            if (i < b) rl[i] = -tlse::impl::infinity<Acc>();
+          });
     }
     const int* mine = positives.data() + L.rank * m;
     typename Comm::Request early, late;
@@ -178,8 +178,8 @@ struct ContrastiveRing {
       const int* theirs = positives.data() + s * m;
       if (k + 1 < L.size) early = ring_step(comm, blocks[cur], blocks[nxt], stats);
       const auto prob = problem(blocks[cur].data(), bs);
-      tlse::impl::lse_forward(exec, prob, tlse::impl::ForwardGrid::plan(exec, b, bs), partials.data(),
-                              row_part.data(), col ? col_part.data() : nullptr, (Acc*)nullptr);
+      tlse::impl::lse_forward(exec, prob, tlse::impl::ForwardGrid::plan(exec, b, bs), partials.data(), row_part.data(),
+                              col ? col_part.data() : nullptr, (Acc*)nullptr);
       // Positive logits whose two sides meet here: x(i, l_i) for the local images whose positive
       // text visits now, x(l_j, j) for the visiting texts whose positive image is local.
       // Indices outside the block are clamped and their results discarded by the merge below.
@@ -203,21 +203,23 @@ struct ContrastiveRing {
       {
         Acc *rl = row_lse.data(), *rp = row_pos.data();
         const Acc *part = row_part.data(), *pair = row_pair.data();
-        Kokkos::parallel_for("tlse::ring_merge_rows", Kokkos::RangePolicy<Exec>(exec, 0, b), KOKKOS_LAMBDA(index_t i) {
-          rl[i] = log_add(rl[i], part[i]);
-          const index_t l = mine[i] - off_s;
-          if (l >= 0 && l < bs) rp[i] = pair[i];
-        });
+        Kokkos::parallel_for(
+            "tlse::ring_merge_rows", Kokkos::RangePolicy<Exec>(exec, 0, b), KOKKOS_LAMBDA(index_t i) {
+              rl[i] = log_add(rl[i], part[i]);
+              const index_t l = mine[i] - off_s;
+              if (l >= 0 && l < bs) rp[i] = pair[i];
+            });
       }
       if (col) {
         if (k > 0) timed_wait(late, stats);  // this block's accumulators, sent after the previous step
         Acc* a = acc[cur].data();
         const Acc *part = col_part.data(), *pair = col_pair.data();
-        Kokkos::parallel_for("tlse::ring_merge_cols", Kokkos::RangePolicy<Exec>(exec, 0, bs), KOKKOS_LAMBDA(index_t j) {
-          a[j] = log_add(a[j], part[j]);
-          const index_t l = theirs[j] - off_r;
-          if (l >= 0 && l < b) a[m + j] = pair[j];
-        });
+        Kokkos::parallel_for(
+            "tlse::ring_merge_cols", Kokkos::RangePolicy<Exec>(exec, 0, bs), KOKKOS_LAMBDA(index_t j) {
+              a[j] = log_add(a[j], part[j]);
+              const index_t l = theirs[j] - off_r;
+              if (l >= 0 && l < b) a[m + j] = pair[j];
+            });
         late = ring_step(comm, acc[cur], acc[nxt], stats);
       }
       if (k + 1 < L.size) timed_wait(early, stats);
@@ -231,22 +233,23 @@ struct ContrastiveRing {
       const Acc wr = Acc(w.row), wc = Acc(w.col);
       const Acc *rl = row_lse.data(), *rp = row_pos.data();
       Acc* t = terms.data();
-      Kokkos::parallel_for("tlse::ring_terms", Kokkos::RangePolicy<Exec>(exec, 0, b), KOKKOS_LAMBDA(index_t i) {
-        Acc v = wr == Acc(0) ? Acc(0) : wr * (rl[i] - rp[i]);
-        if (col && wc != Acc(0)) v += wc * (home[i] - home[m + i]);
-        t[i] = v;
-      });
+      Kokkos::parallel_for(
+          "tlse::ring_terms", Kokkos::RangePolicy<Exec>(exec, 0, b), KOKKOS_LAMBDA(index_t i) {
+            Acc v = wr == Acc(0) ? Acc(0) : wr * (rl[i] - rp[i]);
+            if (col && wc != Acc(0)) v += wc * (home[i] - home[m + i]);
+            t[i] = v;
+          });
     }
     tlse::impl::weighted_sum(exec, terms.data(), b, Acc(1), total.data(), false, scratch.data());
     comm.allreduce(total, ReduceOp::sum);
     const Acc inv = L.total > 0 ? Acc(1) / Acc(L.total) : Acc(0);
     const Acc *rl = row_lse.data(), *tot = total.data();
-    Kokkos::parallel_for("tlse::ring_outputs", Kokkos::RangePolicy<Exec>(exec, 0, b > 0 ? b : 1),
-                         KOKKOS_LAMBDA(index_t i) {
-                           if (i == 0) loss[0] = tot[0] * inv;
-                           if (i < b && row_lse_out) row_lse_out[i] = rl[i];
-                           if (i < b && col_lse_out) col_lse_out[i] = home[i];
-                         });
+    Kokkos::parallel_for(
+        "tlse::ring_outputs", Kokkos::RangePolicy<Exec>(exec, 0, b > 0 ? b : 1), KOKKOS_LAMBDA(index_t i) {
+          if (i == 0) loss[0] = tot[0] * inv;
+          if (i < b && row_lse_out) row_lse_out[i] = rl[i];
+          if (i < b && col_lse_out) col_lse_out[i] = home[i];
+        });
     exec.fence();  // the ring buffers die here
   }
 
@@ -261,21 +264,24 @@ struct ContrastiveRing {
     auto text = text_buffers();
     Mat<T> blocks[2] = {text.first, text.second};
     Vec<Acc> lses[2] = {Vec<Acc>("tlse::ring_lse0", col ? m : 0), Vec<Acc>("tlse::ring_lse1", col ? m : 0)};
-    Mat<Acc> grads[2] = {Mat<Acc>("tlse::ring_dT0", want_dT ? m : 0, c), Mat<Acc>("tlse::ring_dT1", want_dT ? m : 0, c)};
+    Mat<Acc> grads[2] = {Mat<Acc>("tlse::ring_dT0", want_dT ? m : 0, c),
+                         Mat<Acc>("tlse::ring_dT1", want_dT ? m : 0, c)};
     Mat<Acc> dI_acc("tlse::dI_acc", dI ? b : 0, c);
     Mat<T> staged("tlse::grad_staged", direct ? 0 : m, c);  // a pass's output before it joins an accumulator
     Vec<Acc> ds_acc("tlse::dscale_acc", b), ds_part("tlse::dscale_part", b), g_row("tlse::g_row", b),
         g_col("tlse::g_col", m);
     Vec<int> row_target("tlse::row_target", b), col_target("tlse::col_target", m);
-    if (col) Kokkos::deep_copy(exec, Kokkos::subview(lses[0], std::make_pair(index_t(0), b)),
-                               Kokkos::View<const Acc*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(col_lse, b));
+    if (col)
+      Kokkos::deep_copy(exec, Kokkos::subview(lses[0], std::make_pair(index_t(0), b)),
+                        Kokkos::View<const Acc*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(col_lse, b));
     {
       const Acc wr = L.total ? Acc(w.row) / Acc(L.total) : Acc(0), wc = L.total ? Acc(w.col) / Acc(L.total) : Acc(0);
       Acc *gr = g_row.data(), *gc = g_col.data();
-      Kokkos::parallel_for("tlse::ring_coefficients", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
-        if (i < b) gr[i] = wr * dloss[0];
-        gc[i] = wc * dloss[0];
-      });
+      Kokkos::parallel_for(
+          "tlse::ring_coefficients", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
+            if (i < b) gr[i] = wr * dloss[0];
+            gc[i] = wc * dloss[0];
+          });
     }
     const int* mine = positives.data() + L.rank * m;
     typename Comm::Request early_text, early_lse, late;
@@ -289,11 +295,12 @@ struct ContrastiveRing {
       }
       {
         int *rt = row_target.data(), *ct = col_target.data();
-        Kokkos::parallel_for("tlse::ring_targets", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
-          const index_t lr = i < b ? mine[i] - off_s : -1, lc = i < bs ? theirs[i] - off_r : -1;
-          if (i < b) rt[i] = lr >= 0 && lr < bs ? int(lr) : -1;
-          ct[i] = lc >= 0 && lc < b ? int(lc) : -1;
-        });
+        Kokkos::parallel_for(
+            "tlse::ring_targets", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
+              const index_t lr = i < b ? mine[i] - off_s : -1, lc = i < bs ? theirs[i] - off_r : -1;
+              if (i < b) rt[i] = lr >= 0 && lr < bs ? int(lr) : -1;
+              ct[i] = lc >= 0 && lc < b ? int(lc) : -1;
+            });
       }
       tlse::impl::BackwardTiles<T, Acc> f{};
       f.prob = problem(blocks[cur].data(), bs);
@@ -335,21 +342,24 @@ struct ContrastiveRing {
       tlse::impl::weighted_sum(exec, ds_acc.data(), b, Acc(1), total.data(), false, scratch.data());
       comm.allreduce(total, ReduceOp::sum);
       const Acc* tot = total.data();
-      Kokkos::parallel_for("tlse::ring_dscale", Kokkos::RangePolicy<Exec>(exec, 0, 1),
-                           KOKKOS_LAMBDA(int) { dscale[0] = (accumulate ? dscale[0] : Acc(0)) + tot[0]; });
+      Kokkos::parallel_for(
+          "tlse::ring_dscale", Kokkos::RangePolicy<Exec>(exec, 0, 1),
+          KOKKOS_LAMBDA(int) { dscale[0] = (accumulate ? dscale[0] : Acc(0)) + tot[0]; });
     }
     exec.fence();  // the ring buffers die here
   }
 
   template <class U>
   void add_into(Acc* to, const U* from, index_t n) const {
-    Kokkos::parallel_for("tlse::ring_accumulate", Kokkos::RangePolicy<Exec>(comm.exec(), 0, n),
-                         KOKKOS_LAMBDA(index_t i) { to[i] += tlse::impl::to_acc<Acc>(from[i]); });
+    Kokkos::parallel_for(
+        "tlse::ring_accumulate", Kokkos::RangePolicy<Exec>(comm.exec(), 0, n),
+        KOKKOS_LAMBDA(index_t i) { to[i] += tlse::impl::to_acc<Acc>(from[i]); });
   }
   void store(T* out, const Acc* from, index_t n, bool accumulate) const {
-    Kokkos::parallel_for("tlse::ring_store", Kokkos::RangePolicy<Exec>(comm.exec(), 0, n), KOKKOS_LAMBDA(index_t i) {
-      out[i] = tlse::impl::from_acc<T>((accumulate ? tlse::impl::to_acc<Acc>(out[i]) : Acc(0)) + from[i]);
-    });
+    Kokkos::parallel_for(
+        "tlse::ring_store", Kokkos::RangePolicy<Exec>(comm.exec(), 0, n), KOKKOS_LAMBDA(index_t i) {
+          out[i] = tlse::impl::from_acc<T>((accumulate ? tlse::impl::to_acc<Acc>(out[i]) : Acc(0)) + from[i]);
+        });
   }
 };
 
@@ -383,8 +393,8 @@ void contrastive_loss(const Comm& comm, const IV& I, const TV& Tx, const LabelV&
     want_col = check.optional("col_lse", col_lse, I.extent(0), "this rank's batch");
   });
   Kokkos::Profiling::pushRegion("tlse::distributed::contrastive_loss");
-  const impl::ContrastiveRing<Comm, T, Acc> ring(comm, agreed.layout, I.data(), Tx.data(), impl::index_t(I.extent(1)), opts.scale,
-                                                 opts.direction, labels, stats);
+  const impl::ContrastiveRing<Comm, T, Acc> ring(comm, agreed.layout, I.data(), Tx.data(), impl::index_t(I.extent(1)),
+                                                 opts.scale, opts.direction, labels, stats);
   ring.forward(loss.data(), want_row ? row_lse.data() : nullptr,
                want_col && opts.direction != Direction::image_to_text ? col_lse.data() : nullptr);
   Kokkos::Profiling::popRegion();
@@ -439,8 +449,8 @@ void contrastive_loss_backward(const Comm& comm, const IV& I, const TV& Tx, cons
     tlse::impl::check_finite(comm.exec(), check, "dloss", dloss, opts.non_finite);
   });
   Kokkos::Profiling::pushRegion("tlse::distributed::contrastive_loss_backward");
-  const impl::ContrastiveRing<Comm, T, Acc> ring(comm, agreed.layout, I.data(), Tx.data(), impl::index_t(I.extent(1)), opts.scale,
-                                                 opts.direction, labels, stats);
+  const impl::ContrastiveRing<Comm, T, Acc> ring(comm, agreed.layout, I.data(), Tx.data(), impl::index_t(I.extent(1)),
+                                                 opts.scale, opts.direction, labels, stats);
   ring.backward(row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
                 want_dT ? dT.data() : nullptr, agreed.wanted[0], dscale.extent(0) ? dscale.data() : nullptr,
                 opts.accumulate);

@@ -14,21 +14,27 @@
 #include <tlse/distributed/impl/agreement.hpp>
 #include <tlse/distributed/impl/ring.hpp>
 
-#include <cstring>
 #include <type_traits>
 
 namespace tlse::distributed {
 
 namespace impl {
 
-enum CrossEntropyField { e_rows, e_depth, e_vocab, e_scalar, e_has_bias, e_reduction, e_shift, e_ignore, e_softcap,
-                         e_z_loss, e_want_dE, cross_entropy_fields };
-
-inline std::int64_t double_bits(double v) {
-  std::int64_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
+/// The metadata every rank contributes, in this order.
+enum CrossEntropyField {
+  e_rows,
+  e_depth,
+  e_vocab,
+  e_scalar,
+  e_has_bias,
+  e_reduction,
+  e_shift,
+  e_ignore,
+  e_softcap,
+  e_z_loss,
+  e_want_dE,
+  cross_entropy_fields
+};
 
 /// What the forward and the backward share once the ranks agree.
 struct VocabShard {
@@ -43,11 +49,17 @@ VocabShard agree_cross_entropy(const Comm& comm, const tlse::impl::ArgumentCheck
                                const Checks& local_checks) {
   using T = typename Call::T;
   const auto& o = call.o;
-  const std::vector<std::int64_t> meta = {
-      std::int64_t(call.E.extent(0)), std::int64_t(call.E.extent(1)), std::int64_t(call.C.extent(0)),
-      scalar_code<T>(),               call.C.extent(0) == 0 ? Agreement::any_value : call.bias.extent(0) > 0,         std::int64_t(o.reduction),
-      o.shift,                        o.ignore_index,                  double_bits(o.softcap),
-      double_bits(o.z_loss),          want_dE};
+  const std::vector<std::int64_t> meta = {std::int64_t(call.E.extent(0)),
+                                          std::int64_t(call.E.extent(1)),
+                                          std::int64_t(call.C.extent(0)),
+                                          scalar_code<T>(),
+                                          call.C.extent(0) == 0 ? Agreement::any_value : call.bias.extent(0) > 0,
+                                          std::int64_t(o.reduction),
+                                          o.shift,
+                                          o.ignore_index,
+                                          double_bits(o.softcap),
+                                          double_bits(o.z_loss),
+                                          want_dE};
   Agreement shapes(comm, check.function(), meta, [&] {
     tlse::impl::check_operands(check, "E", call.E, "C", call.C);
     check.optional("bias", call.bias, call.C.extent(0), "this rank's shard of C");
@@ -125,7 +137,8 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
   call.prepare_rows(row_target.data(), active.data());
   const auto prob = call.problem(active.data(), nullptr);
   const auto grid = tlse::impl::ForwardGrid::plan(exec, n_active, Vr);
-  Kokkos::View<Acc*, Mem> partials("tlse::partials", tlse::impl::forward_partials_size(grid, n_active, Vr, false, false));
+  Kokkos::View<Acc*, Mem> partials("tlse::partials",
+                                   tlse::impl::forward_partials_size(grid, n_active, Vr, false, false));
   // local: this shard's LSE per row; shared: [sum_r exp(lse_r - max) | target logit], all-reduced.
   Kokkos::View<Acc*, Mem> local("tlse::shard_lse", N), top("tlse::max_lse", N), shared("tlse::shared", 2 * N),
       pair("tlse::target_logit", n_active);
@@ -145,15 +158,16 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
   {
     Acc* sh = shared.data();
     const Acc *lo = local.data(), *mx = top.data(), *pr = pair.data();
-    Kokkos::parallel_for("tlse::vocab_shard_terms", Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(index_t i) {
-      sh[i] = mx[i] == -tlse::impl::infinity<Acc>() ? Acc(0) : tlse::impl::exp(lo[i] - mx[i]);
-      sh[N + i] = 0;
-    });
-    Kokkos::parallel_for("tlse::vocab_shard_target", Kokkos::RangePolicy<Exec>(exec, 0, n_active),
-                         KOKKOS_LAMBDA(index_t k) {
-                           const index_t t = rt[act[k]] - voff;
-                           if (t >= 0 && t < Vr) sh[N + act[k]] = pr[k];
-                         });
+    Kokkos::parallel_for(
+        "tlse::vocab_shard_terms", Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(index_t i) {
+          sh[i] = mx[i] == -tlse::impl::infinity<Acc>() ? Acc(0) : tlse::impl::exp(lo[i] - mx[i]);
+          sh[N + i] = 0;
+        });
+    Kokkos::parallel_for(
+        "tlse::vocab_shard_target", Kokkos::RangePolicy<Exec>(exec, 0, n_active), KOKKOS_LAMBDA(index_t k) {
+          const index_t t = rt[act[k]] - voff;
+          if (t >= 0 && t < Vr) sh[N + act[k]] = pr[k];
+        });
   }
   comm.allreduce(shared, ReduceOp::sum);
   Kokkos::View<Acc*, Mem> row_loss("tlse::row_loss", N), total("tlse::total", 1), scratch("tlse::scratch", 1);
@@ -161,15 +175,16 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
     const Acc z = Acc(opts.z_loss);
     Acc *rl = row_loss.data(), *glse = local.data();  // local now receives the global LSE
     const Acc *sh = shared.data(), *mx = top.data();
-    Kokkos::parallel_for("tlse::vocab_rows", Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(index_t i) {
-      if (rt[i] < 0) {
-        rl[i] = glse[i] = 0;
-        return;
-      }
-      const Acc l = mx[i] == -tlse::impl::infinity<Acc>() ? mx[i] : mx[i] + tlse::impl::log(sh[i]);
-      glse[i] = l;
-      rl[i] = l - sh[N + i] + z * l * l;
-    });
+    Kokkos::parallel_for(
+        "tlse::vocab_rows", Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(index_t i) {
+          if (rt[i] < 0) {
+            rl[i] = glse[i] = 0;
+            return;
+          }
+          const Acc l = mx[i] == -tlse::impl::infinity<Acc>() ? mx[i] : mx[i] + tlse::impl::log(sh[i]);
+          glse[i] = l;
+          rl[i] = l - sh[N + i] + z * l * l;
+        });
   }
   if (opts.reduction == Reduction::none) {
     Kokkos::deep_copy(exec, loss, row_loss);
@@ -203,9 +218,10 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   tlse::impl::static_check_view<Exec, DEV, 2>();
   tlse::impl::static_check_view<Exec, DCV, 2>();
   tlse::impl::static_check_view<Exec, DBiasV, 1>();
-  static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
-                    std::is_same<typename DBiasV::value_type, T>::value,
-                "tlse::distributed::cross_entropy_backward: dE, dC and dbias are non-const views of the input scalar type");
+  static_assert(
+      std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
+          std::is_same<typename DBiasV::value_type, T>::value,
+      "tlse::distributed::cross_entropy_backward: dE, dC and dbias are non-const views of the input scalar type");
   bool want_dE = false, want_dC = false, want_dbias = false;
   const auto shard = impl::agree_cross_entropy(comm, check, call, dE.size() > 0, [&] {
     const std::size_t N = E.extent(0), D = E.extent(1), V = C.extent(0);
@@ -222,7 +238,8 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   Kokkos::Profiling::pushRegion("tlse::distributed::cross_entropy_backward");
   const Exec& exec = comm.exec();
   const index_t N = call.N, D = index_t(E.extent(1)), Vr = shard.vocab, voff = shard.offset;
-  Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N), local_target("tlse::local_target", N);
+  Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N),
+      local_target("tlse::local_target", N);
   call.prepare_rows(row_target.data(), active.data());
   Kokkos::View<Acc*, Mem> g("tlse::g", N), w("tlse::w", N);
   {
@@ -232,17 +249,18 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
     const Acc* saved = lse.data();
     const Acc* up = dloss.data();
     const bool per_row = opts.reduction == Reduction::none;
-    const Acc weight = opts.reduction == Reduction::mean ? (shard.active > 0 ? Acc(1) / Acc(shard.active) : Acc(0)) : Acc(1);
+    const Acc weight =
+        opts.reduction == Reduction::mean ? (shard.active > 0 ? Acc(1) / Acc(shard.active) : Acc(0)) : Acc(1);
     const Acc z = Acc(opts.z_loss);
-    Kokkos::parallel_for("tlse::vocab_coefficients", Kokkos::RangePolicy<Exec>(exec, 0, shard.active),
-                         KOKKOS_LAMBDA(index_t k) {
-                           const int i = act[k];
-                           const Acc coef = (per_row ? up[i] : up[0]) * weight;
-                           gp[i] = coef * (Acc(1) + Acc(2) * z * saved[i]);
-                           wp[i] = coef;
-                           const index_t t = rt[i] - voff;  // the target as a column of this shard, or none
-                           lt[i] = t >= 0 && t < Vr ? int(t) : -1;
-                         });
+    Kokkos::parallel_for(
+        "tlse::vocab_coefficients", Kokkos::RangePolicy<Exec>(exec, 0, shard.active), KOKKOS_LAMBDA(index_t k) {
+          const int i = act[k];
+          const Acc coef = (per_row ? up[i] : up[0]) * weight;
+          gp[i] = coef * (Acc(1) + Acc(2) * z * saved[i]);
+          wp[i] = coef;
+          const index_t t = rt[i] - voff;  // the target as a column of this shard, or none
+          lt[i] = t >= 0 && t < Vr ? int(t) : -1;
+        });
   }
   tlse::impl::BackwardTiles<T, Acc> f{};
   f.prob = call.problem(active.data(), nullptr);
@@ -260,15 +278,17 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
     Acc* p = part.data();
     if (!direct) {
       const T* st = staged.data();
-      Kokkos::parallel_for("tlse::vocab_dE_widen", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
-                           KOKKOS_LAMBDA(index_t i) { p[i] = tlse::impl::to_acc<Acc>(st[i]); });
+      Kokkos::parallel_for(
+          "tlse::vocab_dE_widen", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
+          KOKKOS_LAMBDA(index_t i) { p[i] = tlse::impl::to_acc<Acc>(st[i]); });
     }
     comm.allreduce(part, ReduceOp::sum);
     T* out = dE.data();
     const bool acc = opts.accumulate;
-    Kokkos::parallel_for("tlse::vocab_dE", Kokkos::RangePolicy<Exec>(exec, 0, N * D), KOKKOS_LAMBDA(index_t i) {
-      out[i] = tlse::impl::from_acc<T>((acc ? tlse::impl::to_acc<Acc>(out[i]) : Acc(0)) + p[i]);
-    });
+    Kokkos::parallel_for(
+        "tlse::vocab_dE", Kokkos::RangePolicy<Exec>(exec, 0, N * D), KOKKOS_LAMBDA(index_t i) {
+          out[i] = tlse::impl::from_acc<T>((acc ? tlse::impl::to_acc<Acc>(out[i]) : Acc(0)) + p[i]);
+        });
     exec.fence();  // part dies here
   }
   if (want_dC || want_dbias) {

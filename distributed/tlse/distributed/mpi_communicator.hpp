@@ -163,9 +163,9 @@ class MpiCommunicator {
   /// used to agree on shapes and on argument checks before any data moves.
   std::vector<char> allgather_host(const void* mine, std::size_t bytes) const {
     std::vector<char> all(bytes * std::size_t(size_));
-    impl::mpi_check(MPI_Allgather(mine, impl::mpi_count(bytes, "an all-gather"), MPI_BYTE, all.data(),
-                                  int(bytes), MPI_BYTE, comm_),
-                    "MPI_Allgather");
+    impl::mpi_check(
+        MPI_Allgather(mine, impl::mpi_count(bytes, "an all-gather"), MPI_BYTE, all.data(), int(bytes), MPI_BYTE, comm_),
+        "MPI_Allgather");
     return all;
   }
 
@@ -182,8 +182,8 @@ class MpiCommunicator {
     }
     auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
     auto hr = Kokkos::create_mirror_view(recv);
-    impl::mpi_check(MPI_Allgather(hs.data(), impl::mpi_count(bytes, "an all-gather"), MPI_BYTE, hr.data(),
-                                  int(bytes), MPI_BYTE, comm_),
+    impl::mpi_check(MPI_Allgather(hs.data(), impl::mpi_count(bytes, "an all-gather"), MPI_BYTE, hr.data(), int(bytes),
+                                  MPI_BYTE, comm_),
                     "MPI_Allgather");
     Kokkos::deep_copy(recv, hr);
   }

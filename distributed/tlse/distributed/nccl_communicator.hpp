@@ -10,9 +10,9 @@
 #include <tlse/distributed/impl/byte_views.hpp>
 #include <tlse/distributed/reduce_op.hpp>
 
-#include <Kokkos_Core.hpp>
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <Kokkos_Core.hpp>
 
 #include <memory>
 #include <stdexcept>
@@ -92,8 +92,9 @@ class NcclCommunicator {
   /// stream and the call returns at once.
   template <class SendV, class RecvV>
   Request ring_step(const SendV& send, const RecvV& recv) const {
-    static_assert(!impl::host_accessible<SendV>() || std::is_same<typename SendV::memory_space, Kokkos::CudaUVMSpace>::value,
-                  "tlse::distributed::NcclCommunicator sends device views");
+    static_assert(
+        !impl::host_accessible<SendV>() || std::is_same<typename SendV::memory_space, Kokkos::CudaUVMSpace>::value,
+        "tlse::distributed::NcclCommunicator sends device views");
     const std::size_t bytes = impl::contiguous_bytes("tlse::distributed::ring_step", "send", send);
     if (impl::contiguous_bytes("tlse::distributed::ring_step", "recv", recv) != bytes)
       throw std::invalid_argument("tlse::distributed::ring_step: 'send' and 'recv' must have the same size");
@@ -142,8 +143,8 @@ class NcclCommunicator {
                           static_cast<const char*>(mine), bytes));
     allgather(send, recv);
     std::vector<char> all(bytes * std::size_t(size_));
-    Kokkos::deep_copy(Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(all.data(), all.size()),
-                      recv);
+    Kokkos::deep_copy(
+        Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(all.data(), all.size()), recv);
     return all;
   }
 

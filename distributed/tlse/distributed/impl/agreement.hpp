@@ -84,10 +84,20 @@ class Agreement {
   std::vector<char> table_;
 };
 
+/// A double as an exact integer field (options such as scale must match bit for bit).
+inline std::int64_t double_bits(double v) {
+  std::int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
 /// Numbers for the supported scalar types, so that ranks can compare them, and back to names.
 template <class T>
 std::int64_t scalar_code() {
-  return std::is_same<T, float>::value ? 1 : std::is_same<T, double>::value ? 2 : std::is_same<T, bfloat16>::value ? 3 : 4;
+  return std::is_same<T, float>::value      ? 1
+         : std::is_same<T, double>::value   ? 2
+         : std::is_same<T, bfloat16>::value ? 3
+                                            : 4;
 }
 inline std::string scalar_code_name(std::int64_t code) {
   static const char* names[] = {"float", "double", "bfloat16", "float16"};
