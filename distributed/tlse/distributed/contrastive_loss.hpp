@@ -211,7 +211,7 @@ struct ContrastiveRing {
             });
       }
       if (col) {
-        if (k > 0) timed_wait(late, stats);  // this block's accumulators, sent after the previous step
+        if (k > 0) timed_wait(exec, late, stats);  // this block's accumulators, sent after the previous step
         Acc* a = acc[cur].data();
         const Acc *part = col_part.data(), *pair = col_pair.data();
         Kokkos::parallel_for(
@@ -222,10 +222,10 @@ struct ContrastiveRing {
             });
         late = ring_step(comm, acc[cur], acc[nxt], stats);
       }
-      if (k + 1 < L.size) timed_wait(early, stats);
+      if (k + 1 < L.size) timed_wait(exec, early, stats);
       if (stats) ++stats->steps;
     }
-    if (col) timed_wait(late, stats);  // this rank's own accumulators, home after `size` hops
+    if (col) timed_wait(exec, late, stats);  // this rank's own accumulators, home after `size` hops
     const Acc* home = acc[L.size % 2].data();
     // loss = (1/B) sum over all ranks of w_row (row_lse_i - x(i, l_i)) + w_col (col_lse_i - x(l_i, i)).
     Vec<Acc> terms("tlse::terms", b), total("tlse::total", 1), scratch("tlse::scratch", 1);
@@ -317,7 +317,7 @@ struct ContrastiveRing {
         if (dI && !direct) add_into(dI_acc.data(), staged.data(), b * c);
       }
       if (want_dT) {  // columns pass: the visiting block's dT += G^T I
-        if (k > 0) timed_wait(late, stats);
+        if (k > 0) timed_wait(exec, late, stats);
         f.owner_is_row = false;
         f.dscale_part = nullptr;
         f.grad = direct ? reinterpret_cast<T*>(grads[cur].data()) : staged.data();
@@ -327,13 +327,13 @@ struct ContrastiveRing {
         late = ring_step(comm, grads[cur], grads[nxt], stats);
       }
       if (k + 1 < L.size) {
-        timed_wait(early_text, stats);
-        if (col) timed_wait(early_lse, stats);
+        timed_wait(exec, early_text, stats);
+        if (col) timed_wait(exec, early_lse, stats);
       }
       if (stats) ++stats->steps;
     }
     if (want_dT) {
-      timed_wait(late, stats);
+      timed_wait(exec, late, stats);
       if (dT) store(dT, grads[L.size % 2].data(), b * c, accumulate);
     }
     if (dI) store(dI, dI_acc.data(), b * c, accumulate);

@@ -72,18 +72,35 @@ class NcclCommunicator {
   const Kokkos::Cuda& exec() const { return exec_; }
   ncclComm_t comm() const { return comm_; }
 
-  /// A ring transfer in flight on the transfer stream; wait() blocks until it is done.
+  /// A ring transfer in flight on the transfer stream; wait() blocks until it is done (an event
+  /// recorded after it, so that waiting does not also wait for transfers posted later).
   class Request {
    public:
     Request() = default;
-    explicit Request(std::shared_ptr<impl::TransferStream> s) : stream_(std::move(s)) {}
+    explicit Request(std::shared_ptr<impl::TransferStream> s) : stream_(std::move(s)) {
+      impl::cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+      impl::cuda_check(cudaEventRecord(done_, stream_->stream), "cudaEventRecord");
+    }
+    Request(Request&& o) noexcept { *this = std::move(o); }
+    Request& operator=(Request&& o) noexcept {
+      std::swap(stream_, o.stream_);
+      std::swap(done_, o.done_);
+      return *this;
+    }
+    ~Request() { release(); }
     void wait() {
-      if (stream_) impl::cuda_check(cudaStreamSynchronize(stream_->stream), "cudaStreamSynchronize (ring step)");
-      stream_.reset();
+      if (done_) impl::cuda_check(cudaEventSynchronize(done_), "cudaEventSynchronize (ring step)");
+      release();
     }
 
    private:
-    std::shared_ptr<impl::TransferStream> stream_;
+    void release() {
+      if (done_) cudaEventDestroy(done_);  // a pending event completes on its own
+      done_ = nullptr;
+      stream_.reset();
+    }
+    std::shared_ptr<impl::TransferStream> stream_;  // keeps the stream alive while the event is pending
+    cudaEvent_t done_ = nullptr;
   };
 
   /// Sends `send` to rank+1 and receives the same number of bytes from rank-1 into `recv`

@@ -31,9 +31,12 @@ struct RowLayout {
   int block_at(int step) const { return (rank - step % size + size) % size; }
 };
 
-/// Waits on a ring request; the time spent is communication that compute did not hide.
-template <class Request>
-void timed_wait(Request& request, RingStatistics* stats) {
+/// Waits on a ring request; the time spent is communication that compute did not hide. The
+/// execution space is fenced first (its next kernels need the data anyway), so that the time
+/// counted is time it sits idle, not time the host waits while kernels still run.
+template <class Exec, class Request>
+void timed_wait(const Exec& exec, Request& request, RingStatistics* stats) {
+  exec.fence();
   const auto t0 = std::chrono::steady_clock::now();
   request.wait();
   if (stats) stats->wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
