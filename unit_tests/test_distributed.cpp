@@ -302,6 +302,33 @@ TEST(DistributedRing, StepSendsToTheNextRank) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(h(i), (r + n - 1) % n);
 }
 
+TEST(DistributedRing, BackwardAccumulatesIntoItsOutputs) {
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
+  TLSE_SHARED_SEED(rng);
+  const std::int64_t b = 5 + comm.rank(), c = 7;
+  auto I = to_device<DefaultConfig>(random_matrix<float>(rng, b, c, 1.0, true));
+  auto T = to_device<DefaultConfig>(random_matrix<float>(rng, b, c, 1.0, true));
+  DefaultConfig::AccView loss("loss", 1), rl("rl", b), cl("cl", b), ds("ds", 1), ds2("ds2", 1);
+  DefaultConfig::MatrixView dI("dI", b, c), dT("dT", b, c), dI2("dI2", b, c), dT2("dT2", b, c);
+  auto dl = vector_to_device<DefaultConfig::AccView>({1.0});
+  tlse::ContrastiveOptions o;
+  tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss, rl, cl, o);
+  tlse::distributed::contrastive_loss_backward(comm, I, T, DefaultConfig::IntView(), rl, cl, dl, dI, dT, ds, o);
+  for (auto* v : {&dI2, &dT2}) Kokkos::deep_copy(*v, 1.0f);
+  Kokkos::deep_copy(ds2, 1.0f);
+  o.accumulate = true;
+  tlse::distributed::contrastive_loss_backward(comm, I, T, DefaultConfig::IntView(), rl, cl, dl, dI2, dT2, ds2, o);
+  const auto plus_one = [](std::vector<double> v) {
+    for (double& x : v) x += 1;
+    return v;
+  };
+  const auto tol = [](std::size_t) { return 1e-6; };
+  expect_close("dI", to_host(dI2), plus_one(to_host(dI)), tol);
+  expect_close("dT", to_host(dT2), plus_one(to_host(dT)), tol);
+  expect_close("dscale", to_host(ds2), plus_one(to_host(ds)), tol);
+}
+
 TEST(DistributedErrors, MismatchedFeatureCountsFailOnEveryRank) {
   Default exec;
   MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
