@@ -15,16 +15,27 @@ build=$root/build-cuda
 # A build configured against another Kokkos (an older cached recipe) cannot be reconfigured.
 [ "$(cat "$build/.kokkos-prefix" 2>/dev/null || echo "$kokkos")" = "$kokkos" ] || rm -rf "$build"
 mkdir -p "$build" && echo "$kokkos" >"$build/.kokkos-prefix"
+# The distributed layer with MPI (Debian's OpenMPI) and NCCL (the image's, NCCL_HOME): nccl.h
+# alone in a private folder, since CUDA 13's other headers must not shadow 11.8's, and the
+# library linked by full path; it is not carried (the GPU machine has its own libnccl.so.2).
+nccl_home=${NCCL_HOME:-/usr/local/cuda-13.0}
+nccl=()
+if [ -r "$nccl_home/include/nccl.h" ] && [ -e "$nccl_home/lib/libnccl.so.2" ]; then
+  mkdir -p "$build/nccl-include" && cp "$nccl_home/include/nccl.h" "$build/nccl-include/"
+  nccl=(-DTiledLSE_ENABLE_NCCL=ON -DNCCL_INCLUDE_DIR="$build/nccl-include" -DNCCL_LIBRARY="$nccl_home/lib/libnccl.so.2")
+else
+  echo "[build_cuda] no NCCL under $nccl_home: the distributed layer is built with MPI only" >&2
+fi
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
   -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
-  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
+  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON -DTiledLSE_ENABLE_MPI=ON "${nccl[@]}" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 [ "${1:-}" = --compile-only ] && exit 0
 
 carry=$build/carry
 rm -rf "$carry" && mkdir -p "$carry"
 find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' -exec cp {} "$carry/" \;
-for exe in apps/tlse perf_tests/tlse_benchmarks perf_tests/forward_timing; do
+for exe in apps/tlse perf_tests/tlse_benchmarks perf_tests/forward_timing perf_tests/distributed_benchmark; do
   [ -x "$build/$exe" ] && cp "$build/$exe" "$carry/"
 done
 strip "$carry"/* 2>/dev/null || true

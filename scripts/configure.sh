@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared by quickstart.sh and test.sh: installs what is missing (bootstrap.sh, cached) and
-# configures build/ with the tool, the benchmarks and the tests.
+# configures build/ with the tool, the benchmarks, the tests and the distributed layer (MPI).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kokkos=$("$root/scripts/bootstrap.sh" | tail -n 1)
@@ -14,4 +14,4 @@ if ! compgen -G "$kokkos/lib*/cmake/KokkosKernels" >/dev/null; then
   echo "[configure] no Kokkos Kernels under $kokkos: building the library and its tests only" >&2
 fi
 cmake -S "$root" -B "$root/build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
-  -DTiledLSE_ENABLE_APPS=$extras -DTiledLSE_ENABLE_PERF_TESTS=$extras >/dev/null
+  -DTiledLSE_ENABLE_APPS=$extras -DTiledLSE_ENABLE_PERF_TESTS=$extras -DTiledLSE_ENABLE_MPI=ON >/dev/null

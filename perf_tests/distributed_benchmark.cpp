@@ -1,0 +1,141 @@
+// Times the distributed contrastive loss, forward + backward, at a global batch split evenly
+// over the ranks, and how long the ranks waited on ring transfers (communication not hidden
+// behind compute). Run under mpirun, one rank per GPU on a GPU build:
+//   mpirun -np 2 distributed_benchmark <B> <c> [f32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]
+// Prints one JSON line (rank 0): median over iterations of the slowest rank's step time, the
+// slowest rank's exposed communication, bytes sent per rank per step.
+#include <tlse/distributed.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Setup {
+  long B, c;
+  int iterations;
+  std::string dtype, comm;
+};
+
+template <class T, class Comm>
+int run(const Setup& s, const Comm& comm) {
+  using Exec = typename Comm::execution_space;
+  using Mem = typename Exec::memory_space;
+  using Acc = tlse::accumulator_t<T>;
+  const int rank = comm.rank(), n = comm.size();
+  const long b = s.B / n + (rank < s.B % n ? 1 : 0), off = rank * (s.B / n) + std::min<long>(rank, s.B % n);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> I("I", b, s.c), T_("T", b, s.c), dI("dI", b, s.c), dT("dT", b, s.c);
+  const long c = s.c;
+  Kokkos::parallel_for(
+      "init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, b * c), KOKKOS_LAMBDA(long i) {
+        // A hash of the global element index to roughly N(0, 1/c): rows of about unit norm, and the
+        // same global data whatever the number of ranks.
+        auto u = [](unsigned long x) {
+          x ^= x >> 33;
+          x *= 0xff51afd7ed558ccdUL;
+          x ^= x >> 33;
+          x *= 0xc4ceb9fe1a85ec53UL;
+          x ^= x >> 33;
+          return float(x >> 40) / float(1 << 24);
+        };
+        const unsigned long g = (unsigned long)(off * c + i);
+        const float scale = 1.7320508f / sqrtf(float(c));
+        I.data()[i] = T((u(8 * g) + u(8 * g + 1) + u(8 * g + 2) + u(8 * g + 3) - 2.0f) * scale);
+        T_.data()[i] = T((u(8 * g + 4) + u(8 * g + 5) + u(8 * g + 6) + u(8 * g + 7) - 2.0f) * scale);
+      });
+  Kokkos::View<Acc*, Mem> loss("loss", 1), row_lse("row_lse", b), col_lse("col_lse", b), dloss("dloss", 1),
+      dscale("dscale", 1);
+  Kokkos::deep_copy(dloss, Acc(1));
+  Kokkos::View<const int*, Mem> labels;
+  tlse::ContrastiveOptions o;
+  o.scale = 1 / 0.07;
+  std::vector<double> step_ms, exposed_ms;
+  long bytes = 0;
+  for (int it = 0; it <= s.iterations; ++it) {  // iteration 0 warms up
+    tlse::distributed::RingStatistics stats;
+    comm.exec().fence();
+    MPI_Barrier(MPI_COMM_WORLD);
+    Kokkos::Timer timer;
+    tlse::distributed::contrastive_loss(comm, I, T_, labels, loss, row_lse, col_lse, o, &stats);
+    tlse::distributed::contrastive_loss_backward(comm, I, T_, labels, row_lse, col_lse, dloss, dI, dT, dscale, o,
+                                                 &stats);
+    comm.exec().fence();
+    double t[2] = {timer.seconds() * 1e3, stats.wait_seconds * 1e3};
+    MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (it > 0) step_ms.push_back(t[0]), exposed_ms.push_back(t[1]);
+    bytes = stats.bytes_sent;
+  }
+  std::sort(step_ms.begin(), step_ms.end());
+  std::sort(exposed_ms.begin(), exposed_ms.end());
+  const double ms = step_ms[step_ms.size() / 2], exposed = exposed_ms[exposed_ms.size() / 2];
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss);
+  if (rank == 0)
+    std::printf(
+        "{\"kind\": \"distributed_contrastive_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"B\": %ld, \"c\": %ld, "
+        "\"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, \"ms_exposed_comm\": %.3f, "
+        "\"MB_sent_per_rank\": %.2f, \"exec\": \"%s\", \"iterations\": %d}\n",
+        n, s.comm.c_str(), s.B, s.c, s.dtype.c_str(), double(h(0)), ms, exposed, bytes / 1e6, Exec::name(),
+        s.iterations);
+  return 0;
+}
+
+template <class Comm>
+int dispatch(const Setup& s, const Comm& comm) {
+  if (s.dtype == "f64") return run<double>(s, comm);
+  if (s.dtype == "bf16") return run<tlse::bfloat16>(s, comm);
+  return run<float>(s, comm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1, status = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (argc < 3) {
+    if (rank == 0)
+      std::fprintf(stderr, "usage: distributed_benchmark B c [f32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n");
+    MPI_Finalize();
+    return 2;
+  }
+  const Setup s{std::atol(argv[1]), std::atol(argv[2]), argc > 4 ? std::atoi(argv[4]) : 5, argc > 3 ? argv[3] : "f32",
+                argc > 5 ? argv[5] : "mpi"};
+  {
+#if defined(KOKKOS_ENABLE_CUDA)
+    MPI_Comm node;  // one GPU per rank: the node-local rank picks the device
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 0;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    std::string device = "--kokkos-device-id=" + std::to_string(local);
+    char* args[] = {argv[0], device.data(), nullptr};
+    int nargs = 2;
+    Kokkos::ScopeGuard kokkos(nargs, args);
+#else
+    Kokkos::ScopeGuard kokkos(argc, argv);
+#endif
+    using Exec = Kokkos::DefaultExecutionSpace;
+    Exec exec;
+#if defined(TLSE_ENABLE_NCCL)
+    if (s.comm == "nccl") {
+      ncclUniqueId id;
+      if (rank == 0) ncclGetUniqueId(&id);
+      MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+      ncclComm_t nccl;
+      ncclCommInitRank(&nccl, size, id, rank);
+      status = dispatch(s, tlse::distributed::NcclCommunicator(exec, nccl));
+      ncclCommDestroy(nccl);
+    } else
+#endif
+      status = dispatch(s, tlse::distributed::MpiCommunicator<Exec>(exec, MPI_COMM_WORLD, s.comm == "mpi-gpu-aware"));
+  }
+  MPI_Finalize();
+  return status;
+}
