@@ -1,7 +1,7 @@
 // Times the distributed contrastive loss, forward + backward, at a global batch split evenly
 // over the ranks, and how long the ranks waited on ring transfers (communication not hidden
 // behind compute). Run under mpirun, one rank per GPU on a GPU build:
-//   mpirun -np 2 distributed_benchmark <B> <c> [f32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]
+//   mpirun -np 2 distributed_benchmark <B> <c> [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]
 // Prints one JSON line (rank 0): median over iterations of the slowest rank's step time, the
 // slowest rank's exposed communication, bytes sent per rank per step.
 #include <tlse/distributed.hpp>
@@ -55,6 +55,7 @@ int run(const Setup& s, const Comm& comm) {
   Kokkos::View<const int*, Mem> labels;
   tlse::ContrastiveOptions o;
   o.scale = 1 / 0.07;
+  if (s.dtype == "tf32") o.precision = tlse::Precision::tf32;  // float inputs, TF32 products
   std::vector<double> step_ms, exposed_ms;
   long bytes = 0;
   for (int it = 0; it <= s.iterations; ++it) {  // iteration 0 warms up
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc < 3) {
     if (rank == 0)
-      std::fprintf(stderr, "usage: distributed_benchmark B c [f32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n");
+      std::fprintf(stderr, "usage: distributed_benchmark B c [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n");
     MPI_Finalize();
     return 2;
   }

@@ -100,18 +100,20 @@ struct ContrastiveRing {
   ConstMat I, Tx;  // this rank's blocks
   Acc scale;
   tlse::impl::DirectionWeights w;
+  Precision precision;
   Vec<int> positives;  // size x max_rows: every rank's positives (global), padded with -1
   RingStatistics* stats;
 
   template <class LabelV>
   ContrastiveRing(const Comm& c, const RowLayout& layout, const T* I_, const T* T_, index_t cols, double s, Direction d,
-                  const LabelV& labels, RingStatistics* st)
+                  Precision prec, const LabelV& labels, RingStatistics* st)
       : comm(c),
         L(layout),
         I(I_, layout.rows[layout.rank], cols),
         Tx(T_, layout.rows[layout.rank], cols),
         scale(Acc(s)),
         w(d),
+        precision(prec),
         stats(st) {
     positives = Vec<int>("tlse::all_positives", L.max_rows * L.size);
     comm.allgather(own_positives(labels), positives);
@@ -138,6 +140,7 @@ struct ContrastiveRing {
     p.cols = {cols, nullptr, ncols};
     p.depth = index_t(I.extent(1));
     p.logit.scale = scale;
+    p.tf32 = precision == Precision::tf32;
     return p;
   }
 
@@ -284,6 +287,8 @@ struct ContrastiveRing {
           });
     }
     const int* mine = positives.data() + L.rank * m;
+    // Scratch of a backend's backward passes (the CUDA tensor-core chunks; none on the host).
+    Vec<char> scratch("tlse::backward_scratch", tlse::impl::backward_scratch_bytes<T>(exec, m, m, c, precision));
     typename Comm::Request early_text, early_lse, late;
     for (int k = 0; k < L.size; ++k) {
       const int cur = k % 2, nxt = 1 - cur, s = L.block_at(k);
@@ -304,6 +309,8 @@ struct ContrastiveRing {
       }
       tlse::impl::BackwardTiles<T, Acc> f{};
       f.prob = problem(blocks[cur].data(), bs);
+      f.scratch = scratch.data();
+      f.scratch_bytes = scratch.size();
       if (row) f.row_terms = {row_lse, g_row.data(), row_target.data(), g_row.data()};
       if (col) f.col_terms = {lses[cur].data(), g_col.data(), col_target.data(), g_col.data()};
       f.filter_eps = 0;
@@ -394,7 +401,7 @@ void contrastive_loss(const Comm& comm, const IV& I, const TV& Tx, const LabelV&
   });
   Kokkos::Profiling::pushRegion("tlse::distributed::contrastive_loss");
   const impl::ContrastiveRing<Comm, T, Acc> ring(comm, agreed.layout, I.data(), Tx.data(), impl::index_t(I.extent(1)),
-                                                 opts.scale, opts.direction, labels, stats);
+                                                 opts.scale, opts.direction, opts.precision, labels, stats);
   ring.forward(loss.data(), want_row ? row_lse.data() : nullptr,
                want_col && opts.direction != Direction::image_to_text ? col_lse.data() : nullptr);
   Kokkos::Profiling::popRegion();
@@ -450,7 +457,7 @@ void contrastive_loss_backward(const Comm& comm, const IV& I, const TV& Tx, cons
   });
   Kokkos::Profiling::pushRegion("tlse::distributed::contrastive_loss_backward");
   const impl::ContrastiveRing<Comm, T, Acc> ring(comm, agreed.layout, I.data(), Tx.data(), impl::index_t(I.extent(1)),
-                                                 opts.scale, opts.direction, labels, stats);
+                                                 opts.scale, opts.direction, opts.precision, labels, stats);
   ring.backward(row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
                 want_dT ? dT.data() : nullptr, agreed.wanted[0], dscale.extent(0) ? dscale.data() : nullptr,
                 opts.accumulate);

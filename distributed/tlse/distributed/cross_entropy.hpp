@@ -266,6 +266,11 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   f.prob = call.problem(active.data(), nullptr);
   f.row_terms = {lse.data(), g.data(), local_target.data(), w.data()};
   f.filter_eps = Acc(tlse::impl::resolved_filter_eps<T>(opts));
+  // Scratch of a backend's backward passes (the CUDA tensor-core chunks; none on the host).
+  Kokkos::View<char*, Mem> scratch("tlse::backward_scratch",
+                                   tlse::impl::backward_scratch_bytes<T>(exec, N, Vr, D, opts.precision));
+  f.scratch = scratch.data();
+  f.scratch_bytes = scratch.size();
   if (want_dE) {
     // This shard's share of dE, in Acc, summed over the ranks, rounded to T once.
     constexpr bool direct = std::is_same<T, Acc>::value;
