@@ -7,10 +7,13 @@
 // logit carries an error below  delta = 4 sqrt(K) u M + 4 u (max|bias| + softcap)  (dot
 // products of K terms, Cauchy-Schwarz). Softmax entries then have relative error <= 2 delta, so
 //   LSE   : |err| <= delta + 4 u (|lse| + sqrt(cols))
-//   grads : |err_ik| <= (4 delta + 8 u sqrt(n)) * mag_ik + u_out * |ref_ik|
+//   grads : |err_ik| <= (4 delta + 8 u sqrt(n) + u_out) * mag_ik + u_out * |ref_ik|
 // where mag is the reference's sum of term magnitudes (scale |G| |B|, see testing/reference.hpp)
-// and u_out the unit roundoff of the output storage (2^-8 bf16, 2^-11 fp16, 0 for f32/f64 whose
-// output rounding is within the first term). Results below the smallest normal number of the
+// and u_out the unit roundoff of the 16-bit input/output storage (2^-8 bf16, 2^-11 fp16, 0 for
+// f32/f64 whose output rounding is within the first term). u_out * |ref| is the rounding of the
+// result; u_out * mag that of G = dL/dx to the input type before the gradient product, which the
+// CUDA tensor-core backward does (mma.sync multiplies 16-bit operands, as in CCE): a rigorous
+// bound, |sum_i e_i G_i B_i| <= u_out sum_i |G_i B_i|. With Precision::tf32, u is 2^-10. Results below the smallest normal number of the
 // accumulator or output type may underflow to 0: an absolute floor of that size (fp16: 2^-24,
 // float/bf16: 2^-126, double: 2^-1022) is added to every gradient tolerance. The factors 4 and 8 cover the random-walk growth of
 // rounding errors with margin; they are not tuned to make tests pass.
@@ -159,8 +162,11 @@ struct Tolerance {
   double lse(double ref, std::int64_t cols) const {
     return delta + 4 * u * (std::fabs(ref) + std::sqrt(double(cols) + 1));
   }
+  /// The last u_out * mag: with 16-bit inputs a backend may round G = dL/dx to the input type
+  /// before the gradient product (the CUDA tensor-core backward does, as CCE does), which adds
+  /// |sum_i e_i G_i X_i| <= u_out sum_i |G_i X_i| = u_out * mag (0 for float and double).
   double grad(double ref, double mag, std::int64_t n) const {
-    return (4 * delta + 8 * u * std::sqrt(double(n) + 1)) * mag + u_out * std::fabs(ref) + floor;
+    return (4 * delta + 8 * u * std::sqrt(double(n) + 1) + u_out) * mag + u_out * std::fabs(ref) + floor;
   }
 };
 

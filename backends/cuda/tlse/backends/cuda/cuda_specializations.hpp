@@ -1,7 +1,7 @@
 #pragma once
 // Registers the tensor-core kernels for Kokkos::Cuda: the forward LSE (lse_forward_mma.hpp) and
-// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs, and for float inputs
-// in TF32 when the call asks for Precision::tf32.
+// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs (backward: bf16 only), and
+// for float inputs in TF32 when the call asks for Precision::tf32.
 #include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/lse_forward_mma.hpp>
 #include <tlse/impl/backend_dispatch.hpp>
@@ -29,12 +29,18 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
   }
 };
 
+/// The backward stores G = scale * dL/dx in the input type for the tensor cores. bf16 has
+/// float's exponent range; fp16 would flush the small entries of G (p / N is often below its
+/// 2^-24 subnormal floor) to zero, so fp16 backward passes stay on the generic kernels.
+template <class T>
+constexpr bool backward_on_tensor_cores = std::is_same<T, bfloat16>::value || std::is_same<T, float>::value;
+
 template <>
 struct LseBackwardSpecialization<Kokkos::Cuda> {
   template <class T>
   static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth,
                                    Precision precision) {
-    if constexpr (on_tensor_cores<T>) {
+    if constexpr (backward_on_tensor_cores<T>) {
       if (sizeof(T) == 4 && precision != Precision::tf32) return 0;
       return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth, sizeof(T));
     } else {
@@ -44,7 +50,7 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
   template <class F>
   static bool run(const Kokkos::Cuda& exec, const F& f) {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
-    if constexpr (on_tensor_cores<T>) {
+    if constexpr (backward_on_tensor_cores<T>) {
       return cuda::LseBackwardMma::run<T>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch, f.scratch_bytes);
     } else {
       return false;
