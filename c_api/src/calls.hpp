@@ -13,15 +13,17 @@ using Matrix = Kokkos::View<U**, Kokkos::LayoutRight, Mem<Exec>, Unmanaged>;
 template <class U, class Exec>
 using Vector = Kokkos::View<U*, Mem<Exec>, Unmanaged>;
 
-/// A view of `count` elements at `p`, or an empty view when `p` is NULL (an optional argument).
+/// A view of `count` elements at `p`; NULL with a non-zero count is an optional argument that
+/// was not given, and becomes an empty view (the C++ API's "not requested").
 template <class U, class Exec, class P>
 Vector<U, Exec> vec(const Exec&, P* p, std::int64_t count) {
   return Vector<U, Exec>(static_cast<U*>(const_cast<void*>(static_cast<const void*>(p))), p ? count : 0);
 }
 template <class U, class Exec, class P>
 Matrix<U, Exec> mat(const Exec&, P* p, std::int64_t rows, std::int64_t cols) {
-  return Matrix<U, Exec>(static_cast<U*>(const_cast<void*>(static_cast<const void*>(p))), p ? rows : 0,
-                         p ? cols : 0);
+  const bool given = p || rows * cols == 0;  // an empty batch keeps its shape: (0, d) must still match d
+  return Matrix<U, Exec>(static_cast<U*>(const_cast<void*>(static_cast<const void*>(p))), given ? rows : 0,
+                         given ? cols : 0);
 }
 
 template <class T>
