@@ -4,6 +4,7 @@ import ctypes
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _library as L
 
@@ -114,6 +115,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss, lse
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_loss, _grad_lse):
         e, c, bias, targets, lse, order = ctx.saved_tensors
         ctx_, device, stream = _launch("e", e)
@@ -216,6 +218,7 @@ class _ContrastiveLoss(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_loss):
         image, text, scale, labels, row_lse, col_lse = ctx.saved_tensors
         ctx_, device, stream = _launch("image", image)
