@@ -233,6 +233,7 @@ def ce_inputs(device="cpu"):
         (lambda e, c, t: (e, c, t, {"shift": -1}), ValueError, "'shift'"),
         (lambda e, c, t: (e, c, t, {"softcap": -1.0}), ValueError, "'softcap'"),
         (lambda e, c, t: (e, c, t, {"z_loss": float("nan")}), ValueError, "'z_loss'"),
+        (lambda e, c, t: (e, c, t, {"softcap": "30"}), TypeError, "'softcap' must be a number"),
         (lambda e, c, t: (e, c, t, {"filter_eps": 2.0}), ValueError, "'filter_eps'"),
         (lambda e, c, t: (e, c, t, {"filter_eps": "exact"}), TypeError, "'filter_eps'"),
         (lambda e, c, t: (e, c, t, {"ignore_index": 3}), ValueError, "'ignore_index'"),

@@ -83,14 +83,20 @@ def _workspace(query, *args, options):
     return bytes_.value
 
 
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("argument '%s' must be a number, got %r" % (name, value))
+    return float(value)
+
+
 def _filter_eps(filter_eps):
     if filter_eps == "auto":
         return L.FILTER_EPS_AUTO
     if filter_eps is None:
         return 0.0
-    if isinstance(filter_eps, str) or not isinstance(filter_eps, (int, float)):
+    if isinstance(filter_eps, str):
         raise TypeError("argument 'filter_eps' must be 'auto', None or a float, got %r" % (filter_eps,))
-    return float(filter_eps)
+    return _number("filter_eps", filter_eps)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -184,8 +190,8 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     options.ignore_index = ignore_index
     options.reduction = L.REDUCTIONS[reduction]
     options.shift = shift
-    options.softcap = 0.0 if softcap is None else float(softcap)
-    options.z_loss = float(z_loss)
+    options.softcap = 0.0 if softcap is None else _number("softcap", softcap)
+    options.z_loss = _number("z_loss", z_loss)
     options.filter_eps = _filter_eps(filter_eps)
     # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
     # classes; it costs a host sort of V entries, worth it only when filtering and training.
