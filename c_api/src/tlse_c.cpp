@@ -79,7 +79,7 @@ void check_pointer(const char* function, const tlse_context* context, const char
   if (!p) return;
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so it does not surface in a later call
+    cudaGetLastError();  // clear this (non-sticky) error so that no later CUDA call reports it
     attr.type = cudaMemoryTypeUnregistered;
   }
   const bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
