@@ -72,7 +72,8 @@ def test_cuda_in_a_host_build():
 @pytest.mark.skipif(not (L.device_available(L.DEVICE_CUDA) and torch.cuda.is_available()), reason="needs CUDA")
 def test_host_pointer_for_cuda():
     status, loss, *_ = forward(device=L.DEVICE_CUDA)
-    assert status == L.INVALID_ARGUMENT and "argument 'E' is host memory but device is TLSE_DEVICE_CUDA" in L._last_error()
+    assert status == L.INVALID_ARGUMENT
+    assert "argument 'E' is host memory but device is TLSE_DEVICE_CUDA" in L._last_error()
     assert loss.item() == -1.0
 
 

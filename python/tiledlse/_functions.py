@@ -76,11 +76,14 @@ def _launch(name, t):
     return ctx, L.DEVICE_CUDA, ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
 
 
-def _workspace(query, *args, options):
-    """A workspace from torch's allocator (its caching allocator orders reuse on the stream)."""
-    bytes_ = ctypes.c_size_t(0)
-    L.call(query, *args, ctypes.byref(options), ctypes.byref(bytes_))
-    return bytes_.value
+def _lend_workspace(options, device, query, *args):
+    """Lends the call its workspace from torch's allocator, so the library allocates nothing (on
+    CUDA the caching allocator orders reuse on the stream). The tensor must outlive the call."""
+    size = ctypes.c_size_t(0)
+    L.call(query, *args, ctypes.byref(options), ctypes.byref(size))
+    workspace = torch.empty((size.value,), dtype=torch.uint8, device=device)
+    options.workspace, options.workspace_bytes = workspace.data_ptr(), size.value
+    return workspace
 
 
 def _number(name, value):
@@ -110,9 +113,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = torch.empty((n,) if options.reduction == L.REDUCTIONS["none"] else (), dtype=acc, device=e.device)
         lse = torch.empty((n,), dtype=acc, device=e.device)
         order = torch.empty((v,), dtype=torch.int32, device=e.device) if want_order else None
-        size = _workspace("tlse_cross_entropy_workspace_bytes", ctx_, device, stream, dtype, n, v, d, options=options)
-        workspace = torch.empty((size,), dtype=torch.uint8, device=e.device)
-        options.workspace, options.workspace_bytes = workspace.data_ptr(), size
+        workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device, stream,
+                                    dtype, n, v, d)
         L.call("tlse_cross_entropy_forward", ctx_, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
                _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order), ctypes.byref(options))
         ctx.save_for_backward(e, c, bias, targets, lse, order)
@@ -132,10 +134,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         de = torch.empty_like(e) if ctx.needs_input_grad[0] else None
         dc = torch.empty_like(c) if ctx.needs_input_grad[1] else None
         dbias = torch.empty_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        size = _workspace("tlse_cross_entropy_workspace_bytes", ctx_, device, stream, _DTYPES[e.dtype], n, v, d,
-                          options=options)
-        workspace = torch.empty((size,), dtype=torch.uint8, device=e.device)
-        options.workspace, options.workspace_bytes = workspace.data_ptr(), size
+        workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device, stream,
+                                    _DTYPES[e.dtype], n, v, d)
         L.call("tlse_cross_entropy_backward", ctx_, device, stream, _DTYPES[e.dtype], n, v, d, _ptr(e), _ptr(c),
                _ptr(bias), _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
                ctypes.byref(options))
@@ -214,9 +214,8 @@ class _ContrastiveLoss(torch.autograd.Function):
         loss = torch.empty((), dtype=acc, device=image.device)
         row_lse = torch.empty((b,), dtype=acc, device=image.device)
         col_lse = torch.empty((b,), dtype=acc, device=image.device) if options.direction == L.SYMMETRIC else None
-        size = _workspace("tlse_contrastive_workspace_bytes", ctx_, device, stream, dtype, b, c, options=options)
-        workspace = torch.empty((size,), dtype=torch.uint8, device=image.device)
-        options.workspace, options.workspace_bytes = workspace.data_ptr(), size
+        workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device, stream,
+                                    dtype, b, c)
         L.call("tlse_contrastive_forward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
                _ptr(loss), _ptr(row_lse), _ptr(col_lse), ctypes.byref(options))
         ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
@@ -235,9 +234,8 @@ class _ContrastiveLoss(torch.autograd.Function):
         di = torch.empty_like(image) if ctx.needs_input_grad[0] else None
         dt = torch.empty_like(text) if ctx.needs_input_grad[1] else None
         dscale = torch.empty((), dtype=row_lse.dtype, device=image.device) if ctx.needs_input_grad[2] else None
-        size = _workspace("tlse_contrastive_workspace_bytes", ctx_, device, stream, dtype, b, c, options=options)
-        workspace = torch.empty((size,), dtype=torch.uint8, device=image.device)
-        options.workspace, options.workspace_bytes = workspace.data_ptr(), size
+        workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device, stream,
+                                    dtype, b, c)
         L.call("tlse_contrastive_backward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
                _ptr(row_lse), _ptr(col_lse), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale), ctypes.byref(options))
         if dscale is not None:
@@ -265,7 +263,8 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True):
         if labels.device != image.device:
             raise ValueError("argument 'labels' is on %s but 'image' is on %s" % (labels.device, image.device))
         if labels.shape[0] != image.shape[0]:
-            raise ValueError("argument 'labels' has %d entries but the batch has %d" % (labels.shape[0], image.shape[0]))
+            raise ValueError("argument 'labels' has %d entries but the batch has %d"
+                             % (labels.shape[0], image.shape[0]))
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.is_floating_point():
             raise ValueError("argument 'scale' must be a floating-point tensor of one element, got dtype %s shape %s"
