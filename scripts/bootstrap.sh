@@ -21,7 +21,8 @@ log() { echo "[bootstrap] $*" >&2; }
 
 debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
                  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
-                 python3 python3-numpy python3-matplotlib)
+                 python3 python3-numpy python3-matplotlib
+                 gfortran python3-torch python3-pytest)  # Fortran example; Python package tests
 
 # Writes apt sources derived from the machine's own Debian entry, so no archive host is typed
 # here: $2 = Types (e.g. "deb-src"), $3 = Components.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA variant on the CPU machine (CUDA 11.8 from Debian non-free, Kokkos 3.4.01 for
 # CUDA with sm_90 code) and lays the binaries out in build-cuda/carry/, with libcudart.so.11.0,
-# ready to copy to a GPU machine and run there with scripts/run_gpu.sh.
+# ready to copy to a GPU machine and run there with scripts/run_gpu.sh; the C library
+# libtiledlse_c.so and the Python package (with its tests) go there too (docs/python.md).
 #   scripts/build_cuda.sh                  build and lay out
 #   scripts/build_cuda.sh --compile-only   build only (what CI does: no GPU there)
 set -euo pipefail
@@ -38,7 +39,11 @@ find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' -exec cp
 for exe in apps/tlse perf_tests/tlse_benchmarks perf_tests/forward_timing perf_tests/distributed_benchmark; do
   [ -x "$build/$exe" ] && cp "$build/$exe" "$carry/"
 done
+cp "$build/c_api/libtiledlse_c.so" "$carry/"
 strip "$carry"/* 2>/dev/null || true
 cp -L /usr/lib/x86_64-linux-gnu/libcudart.so.11.0 "$carry/"
+mkdir -p "$carry/python"
+cp -r "$root/python/tiledlse" "$root/python/tests" "$carry/python/"
+find "$carry/python" -name __pycache__ -prune -exec rm -rf {} +
 ldd "$carry"/test_* | awk '/=> \/(usr\/)?lib/ {print $3}' | sort -u | { grep -E 'libbenchmark|libgtest' || true; } | xargs -r -I{} cp -L {} "$carry/"
 du -sh "$carry"

@@ -13,5 +13,8 @@ if ! compgen -G "$kokkos/lib*/cmake/KokkosKernels" >/dev/null; then
   extras=OFF
   echo "[configure] no Kokkos Kernels under $kokkos: building the library and its tests only" >&2
 fi
+# Debian's interpreter: bootstrap installed python3-torch for it (a python3 earlier on PATH, e.g.
+# pyenv's, would not see it).
 cmake -S "$root" -B "$root/build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
-  -DTiledLSE_ENABLE_APPS=$extras -DTiledLSE_ENABLE_PERF_TESTS=$extras -DTiledLSE_ENABLE_MPI=ON >/dev/null
+  -DTiledLSE_ENABLE_APPS=$extras -DTiledLSE_ENABLE_PERF_TESTS=$extras -DTiledLSE_ENABLE_MPI=ON \
+  -DTiledLSE_ENABLE_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3 >/dev/null

@@ -1,0 +1,160 @@
+/* TiledLSE C API (C99). Log-sum-exp losses over implicit matrices: the CLIP contrastive loss
+ * and cut cross-entropy, forward and backward, on raw pointers with explicit shapes.
+ *
+ * Conventions (docs/c_api.md has the full reference):
+ * - Every function returns a tlse_status; on failure tlse_last_error() gives a message naming
+ *   the argument and the values, and nothing has been written to the caller's outputs.
+ * - Matrices are row-major and contiguous. Matrix operands and their gradients have the call's
+ *   tlse_dtype; losses, LSEs, dloss and dscale are `float`, or `double` when the dtype is
+ *   TLSE_F64 (the accumulator type). Targets and labels are int64_t; vocab_order is int32_t.
+ * - Pointers are used in place (no copies) and must be accessible from `device`: host memory
+ *   for TLSE_DEVICE_HOST, CUDA device memory of the context's device for TLSE_DEVICE_CUDA.
+ *   Optional arguments are NULL. A NULL output gradient is not computed.
+ * - On CUDA, work is enqueued on `stream` (a cudaStream_t; NULL: the legacy default stream) and
+ *   a call may return before it finishes; synchronize the stream before reading the outputs.
+ */
+#ifndef TLSE_H
+#define TLSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The shared library exports only what this header declares (everything else is hidden). */
+#if defined(__GNUC__)
+#define TLSE_API __attribute__((visibility("default")))
+#else
+#define TLSE_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tlse_status {
+  TLSE_SUCCESS = 0,
+  TLSE_ERROR_INVALID_ARGUMENT = 1, /* a bad shape, pointer, option, target, label ... */
+  TLSE_ERROR_UNSUPPORTED = 2,      /* e.g. TLSE_DEVICE_CUDA in a library built without CUDA */
+  TLSE_ERROR_OUT_OF_MEMORY = 3,    /* the internal workspace could not be allocated */
+  TLSE_ERROR_RUNTIME = 4           /* anything else (Kokkos, CUDA); see tlse_last_error() */
+} tlse_status;
+
+typedef enum tlse_dtype { TLSE_F32 = 0, TLSE_F64 = 1, TLSE_BF16 = 2, TLSE_F16 = 3 } tlse_dtype;
+typedef enum tlse_device { TLSE_DEVICE_HOST = 0, TLSE_DEVICE_CUDA = 1 } tlse_device;
+typedef enum tlse_reduction { TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2 } tlse_reduction;
+typedef enum tlse_direction {
+  TLSE_DIRECTION_SYMMETRIC = 0,     /* (image-to-text + text-to-image) / 2, as CLIP */
+  TLSE_DIRECTION_IMAGE_TO_TEXT = 1,
+  TLSE_DIRECTION_TEXT_TO_IMAGE = 2
+} tlse_direction;
+
+/* filter_eps value meaning "the default of the dtype" (eps(dtype) / 32, as CCE). */
+#define TLSE_FILTER_EPS_AUTO (-1.0)
+
+/* Options of the cross-entropy calls. Start from tlse_cross_entropy_options_default(). Fields are
+ * fixed-width integers and doubles so that the struct maps 1:1 to ctypes and Fortran bind(c). */
+typedef struct tlse_cross_entropy_options {
+  int64_t ignore_index; /* rows whose target equals it add 0 and cost no compute; default -100 */
+  int32_t reduction;    /* tlse_reduction; default TLSE_REDUCTION_MEAN */
+  int32_t accumulate;   /* backward: 1 adds into dE, dC, dbias instead of overwriting; default 0 */
+  int64_t shift;        /* row i is scored against targets[i + shift]; last `shift` rows ignored; default 0 */
+  double softcap;       /* logits become softcap * tanh(logit / softcap); 0 (default): off */
+  double z_loss;        /* adds z_loss * lse_i^2 to each row's loss; default 0 */
+  double filter_eps;    /* backward gradient filter; TLSE_FILTER_EPS_AUTO (default), 0: exact */
+  int32_t detect_non_finite; /* 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
+  int32_t reserved;     /* must be 0 */
+  void* workspace;      /* NULL (default): allocated and freed by each call; else see *_workspace_bytes */
+  size_t workspace_bytes;
+} tlse_cross_entropy_options;
+
+typedef struct tlse_contrastive_options {
+  double scale;         /* logit scale (1 / temperature), finite and >= 0; default 1 */
+  int32_t direction;    /* tlse_direction; default TLSE_DIRECTION_SYMMETRIC */
+  int32_t accumulate;   /* backward: 1 adds into dI, dT, dscale; default 0 */
+  int32_t detect_non_finite;
+  int32_t reserved;     /* must be 0 */
+  void* workspace;
+  size_t workspace_bytes;
+} tlse_contrastive_options;
+
+typedef struct tlse_context tlse_context;
+
+/* ---- Library and context ---------------------------------------------------------------- */
+
+/* "major.minor.patch" of the library. */
+TLSE_API const char* tlse_version(void);
+
+/* 1 when the library was built for `device`, else 0. */
+TLSE_API int tlse_device_available(tlse_device device);
+
+/* Message of the last failing call on this thread ("" if none). Valid until the next call. */
+TLSE_API const char* tlse_last_error(void);
+
+/* Creates a context. Initializes Kokkos if it is not initialized yet (then on CUDA device
+ * `cuda_device`; -1: Kokkos' default, device 0), else uses the running Kokkos. Contexts are
+ * cheap to share: calls on one context are serialized by a lock. */
+TLSE_API tlse_status tlse_context_create(tlse_context** context, int cuda_device);
+
+/* Destroys a context. When the last context goes and this library initialized Kokkos, Kokkos
+ * is finalized; Kokkos cannot be initialized again in the same process, so keep one context for
+ * the life of the program. A Kokkos the host initialized is never finalized here. */
+TLSE_API tlse_status tlse_context_destroy(tlse_context* context);
+
+/* The CUDA device the context's kernels run on, or -1 in a library without CUDA. */
+TLSE_API tlse_status tlse_context_cuda_device(const tlse_context* context, int* cuda_device);
+
+TLSE_API void tlse_cross_entropy_options_default(tlse_cross_entropy_options* options);
+TLSE_API void tlse_contrastive_options_default(tlse_contrastive_options* options);
+
+/* ---- Cut cross-entropy: loss_i = lse_i(C E_i + bias) - (C E_i + bias)_{targets[i+shift]} ---- */
+
+/* Bytes of device memory a caller-provided workspace needs for the forward and the backward. */
+TLSE_API tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                                        tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
+                                                        const tlse_cross_entropy_options* options, size_t* bytes);
+
+/* E: n x d, C: v x d (dtype); bias: v (dtype) or NULL; targets: n (int64).
+ * Outputs: loss: n (TLSE_REDUCTION_NONE) or 1 (acc type); lse: n or NULL (acc type; the backward
+ * needs it); vocab_order: v or NULL (int32; lets the backward skip unlikely classes).
+ * options: NULL for the defaults. */
+TLSE_API tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device, void* stream,
+                                                tlse_dtype dtype, int64_t n, int64_t v, int64_t d, const void* E,
+                                                const void* C, const void* bias, const int64_t* targets, void* loss,
+                                                void* lse, int32_t* vocab_order,
+                                                const tlse_cross_entropy_options* options);
+
+/* Takes the forward's inputs, its lse and (optional) vocab_order, and dloss shaped like the
+ * forward's loss. Writes dE (n x d), dC (v x d), dbias (v); any may be NULL (not computed). */
+TLSE_API tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device device, void* stream,
+                                                 tlse_dtype dtype, int64_t n, int64_t v, int64_t d, const void* E,
+                                                 const void* C, const void* bias, const int64_t* targets,
+                                                 const void* lse, const int32_t* vocab_order, const void* dloss,
+                                                 void* dE, void* dC, void* dbias,
+                                                 const tlse_cross_entropy_options* options);
+
+/* ---- Contrastive (CLIP InfoNCE) loss: x_ij = scale * I_i . T_j ------------------------------ */
+
+TLSE_API tlse_status tlse_contrastive_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                                      tlse_dtype dtype, int64_t b, int64_t c,
+                                                      const tlse_contrastive_options* options, size_t* bytes);
+
+/* I, T: b x c (dtype); labels: b (int64) or NULL (the positive of image i is text labels[i], of
+ * text j image labels[j]; default i <-> i). Outputs (acc type): loss: 1; row_lse, col_lse: b or
+ * NULL (the backward needs them; col_lse only when the direction includes text-to-image). */
+TLSE_API tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, void* stream,
+                                              tlse_dtype dtype, int64_t b, int64_t c, const void* I, const void* T,
+                                              const int64_t* labels, void* loss, void* row_lse, void* col_lse,
+                                              const tlse_contrastive_options* options);
+
+/* dloss: 1 (acc type). Writes dI, dT (b x c, dtype) and dscale (1, acc type: dL/dscale); any may
+ * be NULL. */
+TLSE_API tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device, void* stream,
+                                               tlse_dtype dtype, int64_t b, int64_t c, const void* I, const void* T,
+                                               const int64_t* labels, const void* row_lse, const void* col_lse,
+                                               const void* dloss, void* dI, void* dT, void* dscale,
+                                               const tlse_contrastive_options* options);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TLSE_H */

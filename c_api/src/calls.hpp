@@ -1,0 +1,109 @@
+#pragma once
+// The C API's calls as templates over the storage type T: unmanaged views over the caller's
+// pointers (no copies), then the C++ API. Included by the per-dtype translation units only.
+#include "capi.hpp"
+
+namespace tlse::capi {
+
+template <class Exec>
+using Mem = typename Exec::memory_space;
+using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+template <class U, class Exec>
+using Matrix = Kokkos::View<U**, Kokkos::LayoutRight, Mem<Exec>, Unmanaged>;
+template <class U, class Exec>
+using Vector = Kokkos::View<U*, Mem<Exec>, Unmanaged>;
+
+/// A view of `count` elements at `p`; NULL with a non-zero count is an optional argument that
+/// was not given, and becomes an empty view (the C++ API's "not requested").
+template <class U, class Exec, class P>
+Vector<U, Exec> vec(const Exec&, P* p, std::int64_t count) {
+  return Vector<U, Exec>(static_cast<U*>(const_cast<void*>(static_cast<const void*>(p))), p ? count : 0);
+}
+template <class U, class Exec, class P>
+Matrix<U, Exec> mat(const Exec&, P* p, std::int64_t rows, std::int64_t cols) {
+  const bool given = p || rows * cols == 0;  // an empty batch keeps its shape: (0, d) must still match d
+  return Matrix<U, Exec>(static_cast<U*>(const_cast<void*>(static_cast<const void*>(p))), given ? rows : 0,
+                         given ? cols : 0);
+}
+
+template <class T>
+std::size_t cross_entropy_workspace(const Launch& l, const CrossEntropyArgs& a) {
+  std::size_t bytes = 0;
+  on_exec(l, [&](const auto& exec) {
+    using Exec = std::decay_t<decltype(exec)>;
+    bytes = tlse::cross_entropy_workspace_bytes(exec, Matrix<const T, Exec>(nullptr, a.n, a.d),
+                                                Matrix<const T, Exec>(nullptr, a.v, a.d), a.options);
+  });
+  return bytes;
+}
+
+template <class T>
+void cross_entropy_forward(const Launch& l, const CrossEntropyArgs& a) {
+  using Acc = accumulator_t<T>;
+  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
+  on_exec(l, [&](const auto& exec) {
+    tlse::cross_entropy(exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d),
+                        vec<const T>(exec, a.bias, a.v), vec<const std::int64_t>(exec, a.targets, a.n),
+                        vec<Acc>(exec, a.loss, loss_size), vec<Acc>(exec, a.lse_out, a.n),
+                        vec<int>(exec, a.order_out, a.v), a.options);
+  });
+}
+
+template <class T>
+void cross_entropy_backward(const Launch& l, const CrossEntropyArgs& a) {
+  using Acc = accumulator_t<T>;
+  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
+  on_exec(l, [&](const auto& exec) {
+    tlse::cross_entropy_backward(
+        exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
+        vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.lse, a.n),
+        vec<const int>(exec, a.order, a.v), vec<const Acc>(exec, a.dloss, loss_size), mat<T>(exec, a.dE, a.n, a.d),
+        mat<T>(exec, a.dC, a.v, a.d), vec<T>(exec, a.dbias, a.v), a.options);
+  });
+}
+
+template <class T>
+std::size_t contrastive_workspace(const Launch& l, const ContrastiveArgs& a) {
+  std::size_t bytes = 0;
+  on_exec(l, [&](const auto& exec) {
+    using Exec = std::decay_t<decltype(exec)>;
+    const Matrix<const T, Exec> features(nullptr, a.b, a.c);
+    bytes = tlse::contrastive_loss_workspace_bytes(exec, features, features, a.options);
+  });
+  return bytes;
+}
+
+template <class T>
+void contrastive_forward(const Launch& l, const ContrastiveArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::contrastive_loss(exec, mat<const T>(exec, a.I, a.b, a.c), mat<const T>(exec, a.T, a.b, a.c),
+                           vec<const std::int64_t>(exec, a.labels, a.b), vec<Acc>(exec, a.loss, 1),
+                           vec<Acc>(exec, a.row_lse_out, a.b), vec<Acc>(exec, a.col_lse_out, a.b), a.options);
+  });
+}
+
+template <class T>
+void contrastive_backward(const Launch& l, const ContrastiveArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::contrastive_loss_backward(
+        exec, mat<const T>(exec, a.I, a.b, a.c), mat<const T>(exec, a.T, a.b, a.c),
+        vec<const std::int64_t>(exec, a.labels, a.b), vec<const Acc>(exec, a.row_lse, a.b),
+        vec<const Acc>(exec, a.col_lse, a.b), vec<const Acc>(exec, a.dloss, 1), mat<T>(exec, a.dI, a.b, a.c),
+        mat<T>(exec, a.dT, a.b, a.c), vec<Acc>(exec, a.dscale, 1), a.options);
+  });
+}
+
+}  // namespace tlse::capi
+
+/// Explicit instantiations of one loss for one storage type (one translation unit each), inside
+/// namespace tlse::capi.
+#define TLSE_CAPI_CROSS_ENTROPY(T)                                                                          \
+  template std::size_t cross_entropy_workspace<T>(const Launch&, const CrossEntropyArgs&);     \
+  template void cross_entropy_forward<T>(const Launch&, const CrossEntropyArgs&);              \
+  template void cross_entropy_backward<T>(const Launch&, const CrossEntropyArgs&)
+#define TLSE_CAPI_CONTRASTIVE(T)                                                                            \
+  template std::size_t contrastive_workspace<T>(const Launch&, const ContrastiveArgs&);        \
+  template void contrastive_forward<T>(const Launch&, const ContrastiveArgs&);                 \
+  template void contrastive_backward<T>(const Launch&, const ContrastiveArgs&)

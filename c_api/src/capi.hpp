@@ -1,0 +1,78 @@
+#pragma once
+// Internals of the C API: the arguments of each call once the C layer has checked them, and
+// the per-dtype templates that run them. The templates are defined in calls.hpp and explicitly
+// instantiated one dtype and one loss per translation unit, so the library builds in parallel.
+#include <tlse.h>
+
+#include <tlse/contrastive_loss.hpp>
+#include <tlse/cross_entropy.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace tlse::capi {
+
+/// Where a call runs: the host execution space, or a Kokkos::Cuda instance on the caller's stream.
+struct Launch {
+  tlse_device device = TLSE_DEVICE_HOST;
+#if defined(KOKKOS_ENABLE_CUDA)
+  Kokkos::Cuda cuda;
+#endif
+};
+
+/// Calls `f(exec)` with the execution space instance of `launch`.
+template <class F>
+void on_exec(const Launch& launch, F&& f) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (launch.device == TLSE_DEVICE_CUDA) return f(launch.cuda);
+#else
+  (void)launch;
+#endif
+  f(Kokkos::DefaultHostExecutionSpace());
+}
+
+/// An error of the C layer itself (before any kernel is enqueued), with its status.
+struct Error : std::runtime_error {
+  tlse_status status;
+  Error(tlse_status s, const std::string& message) : std::runtime_error(message), status(s) {}
+};
+
+struct CrossEntropyArgs {
+  std::int64_t n = 0, v = 0, d = 0;
+  const void *E = nullptr, *C = nullptr, *bias = nullptr;
+  const std::int64_t* targets = nullptr;
+  void *loss = nullptr, *lse_out = nullptr;  // forward outputs
+  std::int32_t* order_out = nullptr;
+  const void *lse = nullptr, *dloss = nullptr;  // backward inputs
+  const std::int32_t* order = nullptr;
+  void *dE = nullptr, *dC = nullptr, *dbias = nullptr;  // backward outputs
+  CrossEntropyOptions options;
+};
+
+struct ContrastiveArgs {
+  std::int64_t b = 0, c = 0;
+  const void *I = nullptr, *T = nullptr;
+  const std::int64_t* labels = nullptr;
+  void *loss = nullptr, *row_lse_out = nullptr, *col_lse_out = nullptr;  // forward outputs
+  const void *row_lse = nullptr, *col_lse = nullptr, *dloss = nullptr;  // backward inputs
+  void *dI = nullptr, *dT = nullptr, *dscale = nullptr;                  // backward outputs
+  ContrastiveOptions options;
+};
+
+template <class T>
+std::size_t cross_entropy_workspace(const Launch&, const CrossEntropyArgs&);
+template <class T>
+void cross_entropy_forward(const Launch&, const CrossEntropyArgs&);
+template <class T>
+void cross_entropy_backward(const Launch&, const CrossEntropyArgs&);
+
+template <class T>
+std::size_t contrastive_workspace(const Launch&, const ContrastiveArgs&);
+template <class T>
+void contrastive_forward(const Launch&, const ContrastiveArgs&);
+template <class T>
+void contrastive_backward(const Launch&, const ContrastiveArgs&);
+
+}  // namespace tlse::capi

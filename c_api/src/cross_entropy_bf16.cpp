@@ -1,0 +1,6 @@
+// The cross entropy calls for bf16 inputs (one dtype per translation unit: they compile in parallel).
+#include "calls.hpp"
+
+namespace tlse::capi {
+TLSE_CAPI_CROSS_ENTROPY(tlse::bfloat16);
+}

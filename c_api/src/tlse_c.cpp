@@ -1,0 +1,418 @@
+// The extern "C" entry points: check what C can get wrong (NULL pointers, negative sizes, enum
+// values, a pointer on the wrong device), convert the options, pick the execution space
+// instance and the dtype, and turn every exception into a status and a thread-local message.
+#include "capi.hpp"
+
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+struct tlse_context {
+  std::mutex lock;  // Kokkos execution space instances are not meant to be driven from several threads at once
+  int cuda_device = -1;
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::map<void*, Kokkos::Cuda> streams;  // a Kokkos::Cuda instance allocates: one per stream, reused
+#endif
+};
+
+namespace {
+
+using tlse::capi::Error;
+
+thread_local std::string last_error;
+
+std::mutex kokkos_lock;  // guards the three below
+int live_contexts = 0;
+bool initialized_here = false;
+bool finalized_here = false;
+
+template <class F>
+tlse_status guarded(const char* function, F&& f) noexcept {
+  try {
+    try {
+      f();
+      return TLSE_SUCCESS;
+    } catch (const Error& e) {
+      last_error = e.what();
+      return e.status;
+    } catch (const std::invalid_argument& e) {
+      last_error = e.what();
+      return TLSE_ERROR_INVALID_ARGUMENT;
+    } catch (const std::bad_alloc& e) {
+      last_error = std::string(function) + ": out of memory (" + e.what() + ")";
+      return TLSE_ERROR_OUT_OF_MEMORY;
+    } catch (const std::exception& e) {
+      last_error = std::string(function) + ": " + e.what();
+      return TLSE_ERROR_RUNTIME;
+    } catch (...) {
+      last_error = std::string(function) + ": unknown exception";
+      return TLSE_ERROR_RUNTIME;
+    }
+  } catch (...) {  // building the message itself failed
+    return TLSE_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+[[noreturn]] void invalid(const char* function, const std::string& argument, const std::string& message) {
+  throw Error(TLSE_ERROR_INVALID_ARGUMENT, std::string(function) + ": argument '" + argument + "' " + message);
+}
+
+void check_context(const char* function, const tlse_context* context) {
+  if (!context) invalid(function, "context", "is NULL; create one with tlse_context_create");
+}
+
+void check_size(const char* function, const char* name, std::int64_t value) {
+  if (value < 0) invalid(function, name, "must be >= 0, got " + std::to_string(value));
+}
+
+/// Whether `p` may be read by kernels on `device`: in a CUDA build the runtime knows where every
+/// pointer lives, so a host pointer given for CUDA (or the reverse) fails here instead of
+/// faulting in a kernel.
+void check_pointer(const char* function, const tlse_context* context, const char* name, const void* p,
+                   tlse_device device) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (!p) return;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear this (non-sticky) error so that no later CUDA call reports it
+    attr.type = cudaMemoryTypeUnregistered;
+  }
+  const bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  if (device == TLSE_DEVICE_CUDA && !on_device)
+    invalid(function, name, "is host memory but device is TLSE_DEVICE_CUDA");
+  if (device == TLSE_DEVICE_CUDA && attr.type == cudaMemoryTypeDevice && attr.device != context->cuda_device)
+    invalid(function, name, "lives on CUDA device " + std::to_string(attr.device) + " but the context runs on device " +
+                                std::to_string(context->cuda_device));
+  if (device == TLSE_DEVICE_HOST && attr.type == cudaMemoryTypeDevice)
+    invalid(function, name, "is CUDA device memory but device is TLSE_DEVICE_HOST");
+#else
+  (void)function, (void)context, (void)name, (void)p, (void)device;
+#endif
+}
+
+/// A required pointer of `count` elements: NULL only when there is nothing to point at.
+void check_required(const char* function, const tlse_context* context, const char* name, const void* p,
+                    std::int64_t count, tlse_device device) {
+  if (!p && count > 0) invalid(function, name, "is NULL but has " + std::to_string(count) + " elements");
+  check_pointer(function, context, name, p, device);
+}
+
+/// Builds the launch for `device` and `stream`; the context's lock must be held.
+tlse::capi::Launch launch_for(const char* function, tlse_context* context, tlse_device device, void* stream) {
+  tlse::capi::Launch l;
+  if (device != TLSE_DEVICE_HOST && device != TLSE_DEVICE_CUDA)
+    invalid(function, "device", "is " + std::to_string(int(device)) + ", not TLSE_DEVICE_HOST (0) or TLSE_DEVICE_CUDA (1)");
+  l.device = device;
+  if (device == TLSE_DEVICE_CUDA) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    auto it = context->streams.find(stream);
+    if (it == context->streams.end())
+      it = context->streams.emplace(stream, Kokkos::Cuda(static_cast<cudaStream_t>(stream))).first;
+    l.cuda = it->second;
+#else
+    (void)context, (void)stream;
+    throw Error(TLSE_ERROR_UNSUPPORTED,
+                std::string(function) + ": argument 'device' is TLSE_DEVICE_CUDA but this TiledLSE library was built without CUDA");
+#endif
+  }
+  return l;
+}
+
+/// Runs `f(T{})` with the storage type of `dtype`.
+template <class F>
+void by_dtype(const char* function, tlse_dtype dtype, F&& f) {
+  switch (dtype) {
+    case TLSE_F32: return f(float{});
+    case TLSE_F64: return f(double{});
+    case TLSE_BF16: return f(tlse::bfloat16{});
+    case TLSE_F16: return f(tlse::float16{});
+  }
+  invalid(function, "dtype", "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
+}
+
+tlse::CrossEntropyOptions convert(const char* function, const tlse_cross_entropy_options* given) {
+  tlse_cross_entropy_options o;
+  tlse_cross_entropy_options_default(&o);
+  if (given) o = *given;
+  if (o.reduction < TLSE_REDUCTION_NONE || o.reduction > TLSE_REDUCTION_MEAN)
+    invalid(function, "options.reduction", "is " + std::to_string(o.reduction) + ", not a tlse_reduction");
+  if (o.reserved != 0) invalid(function, "options.reserved", "must be 0 (start from tlse_cross_entropy_options_default)");
+  tlse::CrossEntropyOptions r;
+  r.ignore_index = o.ignore_index;
+  r.reduction = o.reduction == TLSE_REDUCTION_NONE ? tlse::Reduction::none
+                : o.reduction == TLSE_REDUCTION_SUM ? tlse::Reduction::sum
+                                                    : tlse::Reduction::mean;
+  r.shift = o.shift;
+  r.softcap = o.softcap;
+  r.z_loss = o.z_loss;
+  r.filter_eps = o.filter_eps == TLSE_FILTER_EPS_AUTO ? tlse::filter_eps_auto : o.filter_eps;
+  r.accumulate = o.accumulate != 0;
+  r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
+  r.workspace = {o.workspace, o.workspace_bytes};
+  return r;
+}
+
+tlse::ContrastiveOptions convert(const char* function, const tlse_contrastive_options* given) {
+  tlse_contrastive_options o;
+  tlse_contrastive_options_default(&o);
+  if (given) o = *given;
+  if (o.direction < TLSE_DIRECTION_SYMMETRIC || o.direction > TLSE_DIRECTION_TEXT_TO_IMAGE)
+    invalid(function, "options.direction", "is " + std::to_string(o.direction) + ", not a tlse_direction");
+  if (o.reserved != 0) invalid(function, "options.reserved", "must be 0 (start from tlse_contrastive_options_default)");
+  tlse::ContrastiveOptions r;
+  r.scale = o.scale;
+  r.direction = o.direction == TLSE_DIRECTION_SYMMETRIC       ? tlse::Direction::symmetric
+                : o.direction == TLSE_DIRECTION_IMAGE_TO_TEXT ? tlse::Direction::image_to_text
+                                                              : tlse::Direction::text_to_image;
+  r.accumulate = o.accumulate != 0;
+  r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
+  r.workspace = {o.workspace, o.workspace_bytes};
+  return r;
+}
+
+void initialize_kokkos(int cuda_device) {
+#if KOKKOS_VERSION >= 30700
+  Kokkos::InitializationSettings settings;
+  settings.set_disable_warnings(true);  // e.g. OMP_PROC_BIND: the host program's business, not the library's
+  if (cuda_device >= 0) settings.set_device_id(cuda_device);
+  Kokkos::initialize(settings);
+#else
+  Kokkos::InitArguments args;
+  args.disable_warnings = true;
+  args.device_id = cuda_device;
+  Kokkos::initialize(args);
+#endif
+}
+
+int kokkos_cuda_device() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return Kokkos::Cuda().cuda_device();
+#else
+  return -1;
+#endif
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tlse_version(void) { return TLSE_VERSION_STRING; }
+
+int tlse_device_available(tlse_device device) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return device == TLSE_DEVICE_HOST || device == TLSE_DEVICE_CUDA;
+#else
+  return device == TLSE_DEVICE_HOST;
+#endif
+}
+
+const char* tlse_last_error(void) { return last_error.c_str(); }
+
+void tlse_cross_entropy_options_default(tlse_cross_entropy_options* o) {
+  if (!o) return;
+  *o = tlse_cross_entropy_options{};
+  o->ignore_index = -100;
+  o->reduction = TLSE_REDUCTION_MEAN;
+  o->filter_eps = TLSE_FILTER_EPS_AUTO;
+}
+
+void tlse_contrastive_options_default(tlse_contrastive_options* o) {
+  if (!o) return;
+  *o = tlse_contrastive_options{};
+  o->scale = 1.0;
+  o->direction = TLSE_DIRECTION_SYMMETRIC;
+}
+
+tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
+  static const char* fn = "tlse_context_create";
+  return guarded(fn, [&] {
+    if (!context) invalid(fn, "context", "is NULL; pass the address of a tlse_context*");
+    *context = nullptr;
+    std::lock_guard<std::mutex> guard(kokkos_lock);
+    if (finalized_here)
+      throw Error(TLSE_ERROR_RUNTIME, std::string(fn) +
+                                          ": Kokkos was finalized when the last context was destroyed and cannot be "
+                                          "initialized again in this process; keep one context alive instead");
+    if (!Kokkos::is_initialized()) {
+      initialize_kokkos(cuda_device);
+      initialized_here = true;
+    } else if (cuda_device >= 0 && kokkos_cuda_device() >= 0 && kokkos_cuda_device() != cuda_device) {
+      invalid(fn, "cuda_device", "is " + std::to_string(cuda_device) + " but the running Kokkos uses CUDA device " +
+                                     std::to_string(kokkos_cuda_device()));
+    }
+    auto c = new tlse_context;
+    c->cuda_device = kokkos_cuda_device();
+    ++live_contexts;
+    *context = c;
+  });
+}
+
+tlse_status tlse_context_destroy(tlse_context* context) {
+  static const char* fn = "tlse_context_destroy";
+  return guarded(fn, [&] {
+    if (!context) return;
+    std::lock_guard<std::mutex> guard(kokkos_lock);
+    delete context;  // its Kokkos::Cuda instances go before Kokkos itself
+    if (--live_contexts == 0 && initialized_here) {
+      Kokkos::finalize();
+      finalized_here = true;
+    }
+  });
+}
+
+tlse_status tlse_context_cuda_device(const tlse_context* context, int* cuda_device) {
+  static const char* fn = "tlse_context_cuda_device";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    if (!cuda_device) invalid(fn, "cuda_device", "is NULL");
+    *cuda_device = context->cuda_device;
+  });
+}
+
+tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                               tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
+                                               const tlse_cross_entropy_options* options, size_t* bytes) {
+  static const char* fn = "tlse_cross_entropy_workspace_bytes";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    if (!bytes) invalid(fn, "bytes", "is NULL");
+    check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
+    tlse::capi::CrossEntropyArgs a;
+    a.n = n, a.v = v, a.d = d;
+    a.options = convert(fn, options);
+    std::lock_guard<std::mutex> guard(context->lock);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::cross_entropy_workspace<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                       int64_t n, int64_t v, int64_t d, const void* E, const void* C,
+                                       const void* bias, const int64_t* targets, void* loss, void* lse,
+                                       int32_t* vocab_order, const tlse_cross_entropy_options* options) {
+  static const char* fn = "tlse_cross_entropy_forward";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
+    tlse::capi::CrossEntropyArgs a;
+    a.n = n, a.v = v, a.d = d;
+    a.options = convert(fn, options);
+    check_required(fn, context, "E", E, n * d, device);
+    check_required(fn, context, "C", C, v * d, device);
+    check_pointer(fn, context, "bias", bias, device);
+    check_required(fn, context, "targets", targets, n, device);
+    check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
+    check_pointer(fn, context, "lse", lse, device);
+    check_pointer(fn, context, "vocab_order", vocab_order, device);
+    a.E = E, a.C = C, a.bias = bias, a.targets = targets, a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
+    std::lock_guard<std::mutex> guard(context->lock);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                        int64_t n, int64_t v, int64_t d, const void* E, const void* C,
+                                        const void* bias, const int64_t* targets, const void* lse,
+                                        const int32_t* vocab_order, const void* dloss, void* dE, void* dC,
+                                        void* dbias, const tlse_cross_entropy_options* options) {
+  static const char* fn = "tlse_cross_entropy_backward";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
+    tlse::capi::CrossEntropyArgs a;
+    a.n = n, a.v = v, a.d = d;
+    a.options = convert(fn, options);
+    check_required(fn, context, "E", E, n * d, device);
+    check_required(fn, context, "C", C, v * d, device);
+    check_pointer(fn, context, "bias", bias, device);
+    check_required(fn, context, "targets", targets, n, device);
+    check_required(fn, context, "lse", lse, n, device);
+    check_pointer(fn, context, "vocab_order", vocab_order, device);
+    check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
+    check_pointer(fn, context, "dE", dE, device);
+    check_pointer(fn, context, "dC", dC, device);
+    check_pointer(fn, context, "dbias", dbias, device);
+    a.E = E, a.C = C, a.bias = bias, a.targets = targets, a.lse = lse, a.order = vocab_order, a.dloss = dloss;
+    a.dE = dE, a.dC = dC, a.dbias = dbias;
+    std::lock_guard<std::mutex> guard(context->lock);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_contrastive_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                             tlse_dtype dtype, int64_t b, int64_t c,
+                                             const tlse_contrastive_options* options, size_t* bytes) {
+  static const char* fn = "tlse_contrastive_workspace_bytes";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    if (!bytes) invalid(fn, "bytes", "is NULL");
+    check_size(fn, "b", b), check_size(fn, "c", c);
+    tlse::capi::ContrastiveArgs a;
+    a.b = b, a.c = c;
+    a.options = convert(fn, options);
+    std::lock_guard<std::mutex> guard(context->lock);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::contrastive_workspace<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                     int64_t b, int64_t c, const void* I, const void* T, const int64_t* labels,
+                                     void* loss, void* row_lse, void* col_lse,
+                                     const tlse_contrastive_options* options) {
+  static const char* fn = "tlse_contrastive_forward";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    check_size(fn, "b", b), check_size(fn, "c", c);
+    tlse::capi::ContrastiveArgs a;
+    a.b = b, a.c = c;
+    a.options = convert(fn, options);
+    check_required(fn, context, "I", I, b * c, device);
+    check_required(fn, context, "T", T, b * c, device);
+    check_pointer(fn, context, "labels", labels, device);
+    check_required(fn, context, "loss", loss, 1, device);
+    check_pointer(fn, context, "row_lse", row_lse, device);
+    check_pointer(fn, context, "col_lse", col_lse, device);
+    a.I = I, a.T = T, a.labels = labels, a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
+    std::lock_guard<std::mutex> guard(context->lock);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                      int64_t b, int64_t c, const void* I, const void* T, const int64_t* labels,
+                                      const void* row_lse, const void* col_lse, const void* dloss, void* dI,
+                                      void* dT, void* dscale, const tlse_contrastive_options* options) {
+  static const char* fn = "tlse_contrastive_backward";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    check_size(fn, "b", b), check_size(fn, "c", c);
+    tlse::capi::ContrastiveArgs a;
+    a.b = b, a.c = c;
+    a.options = convert(fn, options);
+    check_required(fn, context, "I", I, b * c, device);
+    check_required(fn, context, "T", T, b * c, device);
+    check_pointer(fn, context, "labels", labels, device);
+    check_pointer(fn, context, "row_lse", row_lse, device);
+    check_pointer(fn, context, "col_lse", col_lse, device);
+    check_required(fn, context, "dloss", dloss, 1, device);
+    check_pointer(fn, context, "dI", dI, device);
+    check_pointer(fn, context, "dT", dT, device);
+    check_pointer(fn, context, "dscale", dscale, device);
+    a.I = I, a.T = T, a.labels = labels, a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
+    a.dI = dI, a.dT = dT, a.dscale = dscale;
+    std::lock_guard<std::mutex> guard(context->lock);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
+  });
+}
+
+}  // extern "C"

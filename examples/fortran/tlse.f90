@@ -1,0 +1,84 @@
+! Fortran 2003 interface to the TiledLSE C API (tlse.h) through iso_c_binding: the subset the
+! example uses (context, cross-entropy forward/backward, errors). Fortran arrays are column-major,
+! so a C row-major n x d matrix is a Fortran array of shape (d, n).
+module tlse
+  use, intrinsic :: iso_c_binding
+  implicit none
+
+  integer(c_int), parameter :: TLSE_SUCCESS = 0, TLSE_ERROR_INVALID_ARGUMENT = 1
+  integer(c_int), parameter :: TLSE_DEVICE_HOST = 0, TLSE_DEVICE_CUDA = 1
+  integer(c_int), parameter :: TLSE_F32 = 0, TLSE_F64 = 1, TLSE_BF16 = 2, TLSE_F16 = 3
+  integer(c_int32_t), parameter :: TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2
+
+  ! Same members, types and order as tlse_cross_entropy_options in tlse.h.
+  type, bind(c) :: tlse_cross_entropy_options
+    integer(c_int64_t) :: ignore_index
+    integer(c_int32_t) :: reduction
+    integer(c_int32_t) :: accumulate
+    integer(c_int64_t) :: shift
+    real(c_double) :: softcap
+    real(c_double) :: z_loss
+    real(c_double) :: filter_eps
+    integer(c_int32_t) :: detect_non_finite
+    integer(c_int32_t) :: reserved
+    type(c_ptr) :: workspace
+    integer(c_size_t) :: workspace_bytes
+  end type
+
+  interface
+    integer(c_int) function tlse_context_create(context, cuda_device) bind(c, name="tlse_context_create")
+      import :: c_int, c_ptr
+      type(c_ptr), intent(out) :: context
+      integer(c_int), value :: cuda_device
+    end function
+
+    integer(c_int) function tlse_context_destroy(context) bind(c, name="tlse_context_destroy")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: context
+    end function
+
+    type(c_ptr) function tlse_last_error_c() bind(c, name="tlse_last_error")
+      import :: c_ptr
+    end function
+
+    subroutine tlse_cross_entropy_options_default(options) bind(c, name="tlse_cross_entropy_options_default")
+      import :: tlse_cross_entropy_options
+      type(tlse_cross_entropy_options), intent(out) :: options
+    end subroutine
+
+    integer(c_int) function tlse_cross_entropy_forward(context, device, stream, dtype, n, v, d, e, c, bias, &
+        targets, loss, lse, vocab_order, options) bind(c, name="tlse_cross_entropy_forward")
+      import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
+      type(c_ptr), value :: context, stream, e, c, bias, targets, loss, lse, vocab_order
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: n, v, d
+      type(tlse_cross_entropy_options), intent(in) :: options
+    end function
+
+    integer(c_int) function tlse_cross_entropy_backward(context, device, stream, dtype, n, v, d, e, c, bias, &
+        targets, lse, vocab_order, dloss, de, dc, dbias, options) bind(c, name="tlse_cross_entropy_backward")
+      import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
+      type(c_ptr), value :: context, stream, e, c, bias, targets, lse, vocab_order, dloss, de, dc, dbias
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: n, v, d
+      type(tlse_cross_entropy_options), intent(in) :: options
+    end function
+  end interface
+
+contains
+
+  ! The last error of this thread as a Fortran string.
+  function tlse_last_error() result(message)
+    character(len=:), allocatable :: message
+    character(kind=c_char), pointer :: chars(:)
+    integer :: length
+    call c_f_pointer(tlse_last_error_c(), chars, [4096])
+    length = 0
+    do while (chars(length + 1) /= c_null_char)
+      length = length + 1
+    end do
+    allocate(character(len=length) :: message)
+    message = transfer(chars(1:length), message)
+  end function
+
+end module tlse

@@ -1,0 +1,79 @@
+# Spack recipe of TiledLSE. From a checkout: `spack repo add spack && spack install tiled-lse`
+# (docs/spack.md). It builds this checkout's git repository; a release tarball URL goes here
+# once there is one.
+import os
+
+from spack.package import *
+
+
+class TiledLse(CMakePackage, CudaPackage):
+    """Log-sum-exp losses over implicit matrices on Kokkos: the CLIP contrastive loss and cut
+    cross-entropy, forward and backward, without materializing the logit matrix. Header-only C++
+    API, a C API (libtiledlse_c, usable from Fortran) and the PyTorch package tiledlse."""
+
+    git = "file://" + os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+    version("main", branch="main")
+
+    variant("openmp", default=True, description="Kokkos' OpenMP backend on the host")
+    variant("mpi", default=False, description="MPI communicator of the distributed layer")
+    variant("nccl", default=False, description="NCCL communicator of the distributed layer (needs +cuda)")
+    variant("python", default=False, description="Install the PyTorch package tiledlse")
+
+    depends_on("cmake@3.16:", type="build")
+    depends_on("kokkos@3.4:")
+    depends_on("kokkos+openmp", when="+openmp")
+    # TiledLSE runs on the devices Kokkos was built for: a CUDA build needs a Kokkos built for
+    # the same GPU architecture, with device lambdas (as ArborX and Kokkos Kernels require).
+    depends_on("kokkos+cuda_lambda", when="+cuda")
+    for arch in CudaPackage.cuda_arch_values:
+        depends_on("kokkos+cuda cuda_arch={0}".format(arch), when="+cuda cuda_arch={0}".format(arch))
+    conflicts("+cuda", when="cuda_arch=none", msg="give the GPU architecture, e.g. cuda_arch=90")
+
+    depends_on("mpi", when="+mpi")
+    depends_on("nccl", when="+nccl")
+    conflicts("+nccl", when="~cuda", msg="NCCL needs +cuda")
+
+    extends("python", when="+python")
+    depends_on("python@3.9:", when="+python", type=("build", "run"))
+    depends_on("py-torch", when="+python", type=("run", "test"))
+    depends_on("py-pytest", when="+python", type="test")
+    depends_on("googletest", type="test")
+
+    def cmake_args(self):
+        spec = self.spec
+        args = [
+            self.define("Kokkos_ROOT", spec["kokkos"].prefix),
+            self.define("TiledLSE_ENABLE_C_API", True),
+            self.define("TiledLSE_ENABLE_TESTS", self.run_tests),
+            self.define_from_variant("TiledLSE_ENABLE_CUDA", "cuda"),
+            self.define_from_variant("TiledLSE_ENABLE_MPI", "mpi"),
+            self.define_from_variant("TiledLSE_ENABLE_NCCL", "nccl"),
+            self.define_from_variant("TiledLSE_ENABLE_PYTHON", "python"),
+        ]
+        if spec.satisfies("+cuda"):
+            # Kokkos' compiler wrapper (nvcc_wrapper) compiles the kernels, as for every Kokkos CUDA build.
+            args.append(self.define("CMAKE_CXX_COMPILER", spec["kokkos"].kokkos_cxx))
+        if spec.satisfies("+python"):
+            args.append(self.define("Python3_EXECUTABLE", spec["python"].command.path))
+            args.append(self.define("TiledLSE_PYTHON_INSTALL_DIR", spec["python"].package.platlib))
+        return args
+
+    examples_src_dir = "examples"
+
+    @run_after("install")
+    def cache_examples(self):
+        """Keeps examples/ for `spack test run tiled-lse`."""
+        self.cache_extra_test_sources([self.examples_src_dir])
+
+    def test_examples(self):
+        """builds examples/ (C++, C, Fortran if available) against the installed package and runs them"""
+        source = join_path(self.test_suite.current_test_cache_dir, self.examples_src_dir)
+        cmake = which(self.spec["cmake"].prefix.bin.cmake)
+        ctest = which(self.spec["cmake"].prefix.bin.ctest)
+        with working_dir("build-examples", create=True):
+            cmake(source, self.define("CMAKE_PREFIX_PATH", self.prefix),
+                  self.define("Kokkos_ROOT", self.spec["kokkos"].prefix),
+                  self.define("CMAKE_CXX_COMPILER", os.environ["CXX"]))
+            cmake("--build", ".")
+            ctest("--output-on-failure")

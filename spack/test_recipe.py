@@ -1,0 +1,111 @@
+"""Checks spack/packages/tiled-lse/package.py without Spack (which cannot be downloaded here):
+a tiny stand-in for the `spack.package` API records the directives, then the test checks the
+variants, the dependencies (Kokkos backend and cuda_arch propagation) and cmake_args.
+Run: python3 spack/test_recipe.py (ctest runs it)."""
+import importlib.util
+import os
+import sys
+import types
+
+RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packages", "tiled-lse", "package.py")
+recorded = {"variant": {}, "depends_on": [], "conflicts": [], "version": [], "extends": []}
+
+
+def _directive(kind):
+    def record(*args, **kwargs):
+        if kind == "variant":
+            recorded["variant"][args[0]] = kwargs
+        else:
+            recorded[kind].append((args, kwargs))
+    return record
+
+
+class Spec:
+    """`spec` with a set of satisfied constraints such as '+cuda' or 'cuda_arch=90'."""
+
+    def __init__(self, *constraints):
+        self.constraints = set(constraints)
+
+    def satisfies(self, constraint):
+        return all(c in self.constraints for c in constraint.split())
+
+    def __contains__(self, constraint):
+        return self.satisfies(constraint)
+
+    def __getitem__(self, name):
+        dep = types.SimpleNamespace(prefix="/opt/" + name, kokkos_cxx="/opt/kokkos/bin/nvcc_wrapper")
+        dep.command = types.SimpleNamespace(path="/opt/python/bin/python3")
+        dep.package = types.SimpleNamespace(platlib="lib/python3.11/site-packages")
+        return dep
+
+
+class CMakePackage:
+    run_tests = False
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    @staticmethod
+    def define(name, value):
+        if isinstance(value, bool):
+            value = "ON" if value else "OFF"
+        return "-D%s=%s" % (name, value)
+
+    def define_from_variant(self, name, variant):
+        return self.define(name, self.spec.satisfies("+" + variant))
+
+
+class CudaPackage:
+    cuda_arch_values = ("70", "80", "90")
+
+
+def build_stub():
+    package = types.ModuleType("spack.package")
+    for kind in recorded:
+        setattr(package, kind, _directive(kind))
+    package.CMakePackage, package.CudaPackage = CMakePackage, CudaPackage
+    package.run_after = lambda phase: (lambda f: f)
+    for name in ("which", "working_dir", "join_path"):
+        setattr(package, name, lambda *a, **k: None)
+    package.__all__ = [n for n in vars(package) if not n.startswith("_")]
+    spack = types.ModuleType("spack")
+    spack.package = package
+    sys.modules["spack"], sys.modules["spack.package"] = spack, package
+
+
+def load_recipe():
+    build_stub()
+    spec = importlib.util.spec_from_file_location("tiled_lse_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TiledLse
+
+
+def main():
+    TiledLse = load_recipe()
+    assert {"openmp", "mpi", "nccl", "python"} <= set(recorded["variant"]), recorded["variant"]
+    deps = {(args[0], kwargs.get("when")) for args, kwargs in recorded["depends_on"]}
+    for arch in CudaPackage.cuda_arch_values:
+        assert ("kokkos+cuda cuda_arch=%s" % arch, "+cuda cuda_arch=%s" % arch) in deps, arch
+    for expected in [("kokkos@3.4:", None), ("kokkos+openmp", "+openmp"), ("kokkos+cuda_lambda", "+cuda"),
+                     ("mpi", "+mpi"), ("nccl", "+nccl"), ("py-torch", "+python")]:
+        assert expected in deps, expected
+    conflicts = {(args[0], kwargs.get("when")) for args, kwargs in recorded["conflicts"]}
+    assert ("+cuda", "cuda_arch=none") in conflicts and ("+nccl", "~cuda") in conflicts, conflicts
+    assert TiledLse.git.startswith("file://"), TiledLse.git
+    assert callable(getattr(TiledLse, "test_examples"))
+
+    host = TiledLse(Spec("+openmp")).cmake_args()
+    assert "-DKokkos_ROOT=/opt/kokkos" in host and "-DTiledLSE_ENABLE_CUDA=OFF" in host, host
+    assert not any(a.startswith("-DCMAKE_CXX_COMPILER") for a in host), host
+    cuda = TiledLse(Spec("+cuda", "cuda_arch=90", "+nccl", "+python")).cmake_args()
+    for expected in ("-DTiledLSE_ENABLE_CUDA=ON", "-DTiledLSE_ENABLE_NCCL=ON", "-DTiledLSE_ENABLE_PYTHON=ON",
+                     "-DCMAKE_CXX_COMPILER=/opt/kokkos/bin/nvcc_wrapper",
+                     "-DTiledLSE_PYTHON_INSTALL_DIR=lib/python3.11/site-packages"):
+        assert expected in cuda, (expected, cuda)
+    print("spack recipe OK: %d variants, %d dependencies, cmake_args for host and +cuda cuda_arch=90"
+          % (len(recorded["variant"]), len(recorded["depends_on"])))
+
+
+if __name__ == "__main__":
+    main()
