@@ -1,9 +1,13 @@
-// Times the distributed contrastive loss, forward + backward, at a global batch split evenly
-// over the ranks, and how long the ranks waited on ring transfers (communication not hidden
-// behind compute). Run under mpirun, one rank per GPU on a GPU build:
+// Times the distributed losses, forward + backward. Run under mpirun, one rank per GPU on a GPU
+// build:
 //   mpirun -np 2 distributed_benchmark <B> <c> [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]
-// Prints one JSON line (rank 0): median over iterations of the slowest rank's step time, the
-// slowest rank's exposed communication, bytes sent per rank per step.
+//     the contrastive loss at a global batch split evenly over the ranks, and how long the ranks
+//     waited on ring transfers (communication not hidden behind compute);
+//   mpirun -np 2 distributed_benchmark ce <N> <D> <V> [dtype] [iterations] [comm]
+//     the vocabulary-parallel cross-entropy: every rank holds E (N x D) and the targets, and a
+//     contiguous shard of about V / ranks classes of C.
+// Prints one JSON line (rank 0): median over iterations of the slowest rank's step time (and for
+// the contrastive loss the slowest rank's exposed communication and bytes sent per rank).
 #include <tlse/distributed.hpp>
 
 #include <mpi.h>
@@ -21,7 +25,78 @@ struct Setup {
   long B, c;
   int iterations;
   std::string dtype, comm;
+  long V = 0;  // > 0: the vocabulary-parallel cross-entropy with N = B tokens, D = c, V classes
 };
+
+/// A hash of a global element index to roughly N(0, 1): the same global data whatever the number
+/// of ranks.
+KOKKOS_INLINE_FUNCTION float hashed_normal(unsigned long g) {
+  auto u = [](unsigned long x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdUL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53UL;
+    x ^= x >> 33;
+    return float(x >> 40) / float(1 << 24);
+  };
+  return (u(4 * g) + u(4 * g + 1) + u(4 * g + 2) + u(4 * g + 3) - 2.0f) * 1.7320508f;
+}
+
+/// Median over iterations of the slowest rank's forward + backward time, in ms.
+template <class Exec, class Step>
+double timed_median(const Exec& exec, int iterations, const Step& step) {
+  std::vector<double> ms;
+  for (int it = 0; it <= iterations; ++it) {  // iteration 0 warms up
+    exec.fence();
+    MPI_Barrier(MPI_COMM_WORLD);
+    Kokkos::Timer timer;
+    step();
+    exec.fence();
+    double t = timer.seconds() * 1e3;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (it > 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// Vocabulary-parallel cross-entropy: E (N x D, logits of std ~4 as in the single-GPU benchmarks)
+/// and targets on every rank, this rank's shard of C.
+template <class T, class Comm>
+int run_cross_entropy(const Setup& s, const Comm& comm) {
+  using Exec = typename Comm::execution_space;
+  using Mem = typename Exec::memory_space;
+  using Acc = tlse::accumulator_t<T>;
+  const int rank = comm.rank(), n = comm.size();
+  const long N = s.B, D = s.c, V = s.V;
+  const long v = V / n + (rank < V % n ? 1 : 0), voff = rank * (V / n) + std::min<long>(rank, V % n);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> E("E", N, D), C("C", v, D), dE("dE", N, D), dC("dC", v, D);
+  Kokkos::View<int*, Mem> targets("targets", N);
+  Kokkos::parallel_for(
+      "init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, std::max(N, v) * D), KOKKOS_LAMBDA(long i) {
+        if (i < N * D) E.data()[i] = T(hashed_normal((unsigned long)i));
+        if (i < v * D) C.data()[i] = T(hashed_normal((unsigned long)(N * D + voff * D + i)) * 4.0f / sqrtf(float(D)));
+        if (i < N) targets(i) = int((hashed_normal((unsigned long)(N * D + V * D + i)) + 8.0f) * 1e6f) % int(V);
+      });
+  Kokkos::View<Acc*, Mem> loss("loss", 1), lse("lse", N), dloss("dloss", 1);
+  Kokkos::deep_copy(dloss, Acc(1));
+  Kokkos::View<const T*, Mem> bias;
+  Kokkos::View<T*, Mem> dbias;
+  tlse::CrossEntropyOptions o;
+  if (s.dtype == "tf32") o.precision = tlse::Precision::tf32;
+  const double ms = timed_median(comm.exec(), s.iterations, [&] {
+    tlse::distributed::cross_entropy(comm, E, C, bias, targets, loss, lse, o);
+    tlse::distributed::cross_entropy_backward(comm, E, C, bias, targets, lse, dloss, dE, dC, dbias, o);
+  });
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss);
+  if (rank == 0)
+    std::printf(
+        "{\"kind\": \"distributed_cross_entropy_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"N\": %ld, "
+        "\"D\": %ld, \"V\": %ld, \"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, \"exec\": \"%s\", "
+        "\"iterations\": %d}\n",
+        n, s.comm.c_str(), N, D, V, s.dtype.c_str(), double(h(0)), ms, Exec::name(), s.iterations);
+  return 0;
+}
 
 template <class T, class Comm>
 int run(const Setup& s, const Comm& comm) {
@@ -34,20 +109,11 @@ int run(const Setup& s, const Comm& comm) {
   const long c = s.c;
   Kokkos::parallel_for(
       "init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, b * c), KOKKOS_LAMBDA(long i) {
-        // A hash of the global element index to roughly N(0, 1/c): rows of about unit norm, and the
-        // same global data whatever the number of ranks.
-        auto u = [](unsigned long x) {
-          x ^= x >> 33;
-          x *= 0xff51afd7ed558ccdUL;
-          x ^= x >> 33;
-          x *= 0xc4ceb9fe1a85ec53UL;
-          x ^= x >> 33;
-          return float(x >> 40) / float(1 << 24);
-        };
+        // Rows of about unit norm, the same global data whatever the number of ranks.
         const unsigned long g = (unsigned long)(off * c + i);
-        const float scale = 1.7320508f / sqrtf(float(c));
-        I.data()[i] = T((u(8 * g) + u(8 * g + 1) + u(8 * g + 2) + u(8 * g + 3) - 2.0f) * scale);
-        T_.data()[i] = T((u(8 * g + 4) + u(8 * g + 5) + u(8 * g + 6) + u(8 * g + 7) - 2.0f) * scale);
+        const float scale = 1.0f / sqrtf(float(c));
+        I.data()[i] = T(hashed_normal(2 * g) * scale);
+        T_.data()[i] = T(hashed_normal(2 * g + 1) * scale);
       });
   Kokkos::View<Acc*, Mem> loss("loss", 1), row_lse("row_lse", b), col_lse("col_lse", b), dloss("dloss", 1),
       dscale("dscale", 1);
@@ -88,6 +154,11 @@ int run(const Setup& s, const Comm& comm) {
 
 template <class Comm>
 int dispatch(const Setup& s, const Comm& comm) {
+  if (s.V > 0) {
+    if (s.dtype == "f64") return run_cross_entropy<double>(s, comm);
+    if (s.dtype == "bf16") return run_cross_entropy<tlse::bfloat16>(s, comm);
+    return run_cross_entropy<float>(s, comm);
+  }
   if (s.dtype == "f64") return run<double>(s, comm);
   if (s.dtype == "bf16") return run<tlse::bfloat16>(s, comm);
   return run<float>(s, comm);
@@ -100,14 +171,20 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (argc < 3) {
+  const bool ce = argc > 1 && std::string(argv[1]) == "ce";
+  const int a = ce ? 2 : 0;  // offset of the shared arguments: dtype, iterations, comm
+  if (argc < (ce ? 5 : 3)) {
     if (rank == 0)
-      std::fprintf(stderr, "usage: distributed_benchmark B c [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n");
+      std::fprintf(stderr,
+                   "usage: distributed_benchmark B c [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n"
+                   "       distributed_benchmark ce N D V [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n");
     MPI_Finalize();
     return 2;
   }
-  const Setup s{std::atol(argv[1]), std::atol(argv[2]), argc > 4 ? std::atoi(argv[4]) : 5, argc > 3 ? argv[3] : "f32",
-                argc > 5 ? argv[5] : "mpi"};
+  Setup s{std::atol(argv[1 + (ce ? 1 : 0)]), std::atol(argv[2 + (ce ? 1 : 0)]),
+          argc > 4 + a ? std::atoi(argv[4 + a]) : 5, argc > 3 + a ? argv[3 + a] : "f32",
+          argc > 5 + a ? argv[5 + a] : "mpi"};
+  if (ce) s.V = std::atol(argv[4]);
   {
 #if defined(KOKKOS_ENABLE_CUDA)
     MPI_Comm node;  // one GPU per rank: the node-local rank picks the device
