@@ -348,6 +348,23 @@ TEST(DistributedErrors, MismatchedFeatureCountsFailOnEveryRank) {
     EXPECT_EQ(msg, "");
 }
 
+TEST(DistributedErrors, MismatchedPrecisionFailsOnEveryRank) {
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
+  if (comm.size() == 1) GTEST_SKIP() << "needs two ranks";
+  DefaultConfig::MatrixView I("I", 4, 8), T("T", 4, 8);
+  DefaultConfig::AccView loss("loss", 1);
+  tlse::ContrastiveOptions o;
+  if (comm.rank() == 1) o.precision = tlse::Precision::tf32;
+  const auto [msg, same] = collective_error([&] {
+    tlse::distributed::contrastive_loss(comm, I, T, DefaultConfig::IntView(), loss, DefaultConfig::AccView(),
+                                        DefaultConfig::AccView(), o);
+  });
+  EXPECT_TRUE(same) << msg;
+  EXPECT_EQ(msg, "tlse::distributed::contrastive_loss: argument 'opts.precision' has value (0: exact, 1: tf32) 1 on "
+                 "rank 1 but 0 on rank 0; every rank must pass the same");
+}
+
 TEST(DistributedErrors, MismatchedScalarTypesFailOnEveryRank) {
   Default exec;
   MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);

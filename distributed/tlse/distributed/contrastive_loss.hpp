@@ -25,7 +25,7 @@ namespace tlse::distributed {
 namespace impl {
 
 /// The metadata every rank contributes, in this order.
-enum ContrastiveField { f_rows, f_cols, f_scalar, f_has_labels, f_direction, f_scale, contrastive_fields };
+enum ContrastiveField { f_rows, f_cols, f_scalar, f_has_labels, f_direction, f_scale, f_precision, contrastive_fields };
 
 /// An optional output whose presence decides a collective step (a ring, an all-reduce): every
 /// rank must ask for it or none. `wanted` may be Agreement::any_value (a rank without rows).
@@ -51,7 +51,7 @@ ContrastiveAgreement agree_contrastive(const Comm& comm, const tlse::impl::Argum
   std::vector<std::int64_t> meta = {std::int64_t(I.extent(0)), std::int64_t(I.extent(1)), scalar_code<T>(),
                                     // a rank without rows cannot tell whether labels are given
                                     I.extent(0) == 0 ? Agreement::any_value : labels.extent(0) > 0,
-                                    std::int64_t(o.direction), double_bits(o.scale)};
+                                    std::int64_t(o.direction), double_bits(o.scale), std::int64_t(o.precision)};
   for (const auto& out : outputs) meta.push_back(out.wanted);
   Agreement shapes(comm, check.function(), meta, [&] {
     tlse::impl::check_operands(check, "I", I, "T", Tx);
@@ -69,6 +69,7 @@ ContrastiveAgreement agree_contrastive(const Comm& comm, const tlse::impl::Argum
   shapes.require_same(f_has_labels, "labels", "a non-empty flag (1: labels given, 0: empty)");
   shapes.require_same(f_direction, "opts.direction", "value");
   shapes.require_same(f_scale, "opts.scale", "bit pattern");
+  shapes.require_same(f_precision, "opts.precision", "value (0: exact, 1: tf32)");
   for (std::size_t k = 0; k < outputs.size(); ++k)
     shapes.require_same(contrastive_fields + int(k), outputs[k].argument, "a non-empty flag (1: wanted, 0: empty)");
   ContrastiveAgreement agreed{RowLayout(comm.rank(), comm.size(), [&](int r) { return shapes.value(r, f_rows); }), {}};

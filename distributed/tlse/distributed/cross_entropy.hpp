@@ -32,6 +32,7 @@ enum CrossEntropyField {
   e_ignore,
   e_softcap,
   e_z_loss,
+  e_precision,
   e_want_dE,
   cross_entropy_fields
 };
@@ -59,6 +60,7 @@ VocabShard agree_cross_entropy(const Comm& comm, const tlse::impl::ArgumentCheck
                                           o.ignore_index,
                                           double_bits(o.softcap),
                                           double_bits(o.z_loss),
+                                          std::int64_t(o.precision),
                                           want_dE};
   Agreement shapes(comm, check.function(), meta, [&] {
     tlse::impl::check_operands(check, "E", call.E, "C", call.C);
@@ -85,6 +87,7 @@ VocabShard agree_cross_entropy(const Comm& comm, const tlse::impl::ArgumentCheck
   shapes.require_same(e_ignore, "opts.ignore_index", "value");
   shapes.require_same(e_softcap, "opts.softcap", "bit pattern");
   shapes.require_same(e_z_loss, "opts.z_loss", "bit pattern");
+  shapes.require_same(e_precision, "opts.precision", "value (0: exact, 1: tf32)");
   shapes.require_same(e_want_dE, "dE", "a non-empty flag (1: wanted, 0: empty)");
   const RowLayout vocab(comm.rank(), comm.size(), [&](int r) { return shapes.value(r, e_vocab); });
   VocabShard shard{vocab.offset[vocab.rank], vocab.rows[vocab.rank], 0, 0};
