@@ -9,12 +9,7 @@
 # cached), BUILD_DIR (default build-perf), OMP_PROC_BIND (default false), OMP_NUM_THREADS.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${BUILD_DIR:-$root/build-perf}
-kokkos=${Kokkos_ROOT:-$(TLSE_SKIP_APT=1 "$root/scripts/bootstrap.sh" | tail -n 1)}
-
-cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DKokkosKernels_ROOT="$kokkos" \
-  -DTiledLSE_ENABLE_TESTS=OFF -DTiledLSE_ENABLE_APPS=OFF -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
-cmake --build "$build" --target tlse_benchmarks
+build=$("$root/perf_tests/build_host.sh" tlse_benchmarks)
 
 export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 mkdir -p "$root/docs/data"

@@ -9,12 +9,7 @@
 # (default build-perf), OMP_PROC_BIND (default false), OMP_NUM_THREADS.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${BUILD_DIR:-$root/build-perf}
-kokkos=${Kokkos_ROOT:-$(TLSE_SKIP_APT=1 "$root/scripts/bootstrap.sh" | tail -n 1)}
-
-cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DKokkosKernels_ROOT="$kokkos" \
-  -DTiledLSE_ENABLE_TESTS=OFF -DTiledLSE_ENABLE_APPS=OFF -DTiledLSE_ENABLE_PERF_TESTS=ON >/dev/null
-cmake --build "$build" --target peak_memory
+build=$("$root/perf_tests/build_host.sh" peak_memory)
 
 export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 run=$build/perf_tests/peak_memory
