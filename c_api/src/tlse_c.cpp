@@ -197,6 +197,46 @@ int kokkos_cuda_device() {
 #endif
 }
 
+/// The sizes and options every cross-entropy entry point takes, checked.
+tlse::capi::CrossEntropyArgs cross_entropy_args(const char* fn, int64_t n, int64_t v, int64_t d,
+                                                const tlse_cross_entropy_options* options) {
+  check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
+  tlse::capi::CrossEntropyArgs a;
+  a.n = n, a.v = v, a.d = d;
+  a.options = convert(fn, options);
+  return a;
+}
+
+/// The inputs forward and backward share (E, C, bias, targets), checked and recorded in `a`.
+void cross_entropy_inputs(const char* fn, const tlse_context* context, tlse_device device,
+                          tlse::capi::CrossEntropyArgs& a, const void* E, const void* C, const void* bias,
+                          const int64_t* targets) {
+  check_required(fn, context, "E", E, a.n * a.d, device);
+  check_required(fn, context, "C", C, a.v * a.d, device);
+  check_pointer(fn, context, "bias", bias, device);
+  check_required(fn, context, "targets", targets, a.n, device);
+  a.E = E, a.C = C, a.bias = bias, a.targets = targets;
+}
+
+/// The sizes and options every contrastive entry point takes, checked.
+tlse::capi::ContrastiveArgs contrastive_args(const char* fn, int64_t b, int64_t c,
+                                             const tlse_contrastive_options* options) {
+  check_size(fn, "b", b), check_size(fn, "c", c);
+  tlse::capi::ContrastiveArgs a;
+  a.b = b, a.c = c;
+  a.options = convert(fn, options);
+  return a;
+}
+
+/// The inputs forward and backward share (I, T, labels), checked and recorded in `a`.
+void contrastive_inputs(const char* fn, const tlse_context* context, tlse_device device,
+                        tlse::capi::ContrastiveArgs& a, const void* I, const void* T, const int64_t* labels) {
+  check_required(fn, context, "I", I, a.b * a.c, device);
+  check_required(fn, context, "T", T, a.b * a.c, device);
+  check_pointer(fn, context, "labels", labels, device);
+  a.I = I, a.T = T, a.labels = labels;
+}
+
 }  // namespace
 
 extern "C" {
@@ -281,10 +321,7 @@ tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_devic
   return guarded(fn, [&] {
     check_context(fn, context);
     if (!bytes) invalid(fn, "bytes", "is NULL");
-    check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
-    tlse::capi::CrossEntropyArgs a;
-    a.n = n, a.v = v, a.d = d;
-    a.options = convert(fn, options);
+    const auto a = cross_entropy_args(fn, n, v, d, options);
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::cross_entropy_workspace<decltype(tag)>(launch, a); });
@@ -298,18 +335,12 @@ tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device
   static const char* fn = "tlse_cross_entropy_forward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
-    tlse::capi::CrossEntropyArgs a;
-    a.n = n, a.v = v, a.d = d;
-    a.options = convert(fn, options);
-    check_required(fn, context, "E", E, n * d, device);
-    check_required(fn, context, "C", C, v * d, device);
-    check_pointer(fn, context, "bias", bias, device);
-    check_required(fn, context, "targets", targets, n, device);
+    auto a = cross_entropy_args(fn, n, v, d, options);
+    cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
     check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
     check_pointer(fn, context, "lse", lse, device);
     check_pointer(fn, context, "vocab_order", vocab_order, device);
-    a.E = E, a.C = C, a.bias = bias, a.targets = targets, a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
+    a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
@@ -324,21 +355,15 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
   static const char* fn = "tlse_cross_entropy_backward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d", d);
-    tlse::capi::CrossEntropyArgs a;
-    a.n = n, a.v = v, a.d = d;
-    a.options = convert(fn, options);
-    check_required(fn, context, "E", E, n * d, device);
-    check_required(fn, context, "C", C, v * d, device);
-    check_pointer(fn, context, "bias", bias, device);
-    check_required(fn, context, "targets", targets, n, device);
+    auto a = cross_entropy_args(fn, n, v, d, options);
+    cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
     check_required(fn, context, "lse", lse, n, device);
     check_pointer(fn, context, "vocab_order", vocab_order, device);
     check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
     check_pointer(fn, context, "dE", dE, device);
     check_pointer(fn, context, "dC", dC, device);
     check_pointer(fn, context, "dbias", dbias, device);
-    a.E = E, a.C = C, a.bias = bias, a.targets = targets, a.lse = lse, a.order = vocab_order, a.dloss = dloss;
+    a.lse = lse, a.order = vocab_order, a.dloss = dloss;
     a.dE = dE, a.dC = dC, a.dbias = dbias;
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
@@ -353,10 +378,7 @@ tlse_status tlse_contrastive_workspace_bytes(tlse_context* context, tlse_device 
   return guarded(fn, [&] {
     check_context(fn, context);
     if (!bytes) invalid(fn, "bytes", "is NULL");
-    check_size(fn, "b", b), check_size(fn, "c", c);
-    tlse::capi::ContrastiveArgs a;
-    a.b = b, a.c = c;
-    a.options = convert(fn, options);
+    const auto a = contrastive_args(fn, b, c, options);
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::contrastive_workspace<decltype(tag)>(launch, a); });
@@ -370,17 +392,12 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
   static const char* fn = "tlse_contrastive_forward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    check_size(fn, "b", b), check_size(fn, "c", c);
-    tlse::capi::ContrastiveArgs a;
-    a.b = b, a.c = c;
-    a.options = convert(fn, options);
-    check_required(fn, context, "I", I, b * c, device);
-    check_required(fn, context, "T", T, b * c, device);
-    check_pointer(fn, context, "labels", labels, device);
+    auto a = contrastive_args(fn, b, c, options);
+    contrastive_inputs(fn, context, device, a, I, T, labels);
     check_required(fn, context, "loss", loss, 1, device);
     check_pointer(fn, context, "row_lse", row_lse, device);
     check_pointer(fn, context, "col_lse", col_lse, device);
-    a.I = I, a.T = T, a.labels = labels, a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
+    a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
@@ -394,20 +411,15 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
   static const char* fn = "tlse_contrastive_backward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    check_size(fn, "b", b), check_size(fn, "c", c);
-    tlse::capi::ContrastiveArgs a;
-    a.b = b, a.c = c;
-    a.options = convert(fn, options);
-    check_required(fn, context, "I", I, b * c, device);
-    check_required(fn, context, "T", T, b * c, device);
-    check_pointer(fn, context, "labels", labels, device);
+    auto a = contrastive_args(fn, b, c, options);
+    contrastive_inputs(fn, context, device, a, I, T, labels);
     check_pointer(fn, context, "row_lse", row_lse, device);
     check_pointer(fn, context, "col_lse", col_lse, device);
     check_required(fn, context, "dloss", dloss, 1, device);
     check_pointer(fn, context, "dI", dI, device);
     check_pointer(fn, context, "dT", dT, device);
     check_pointer(fn, context, "dscale", dscale, device);
-    a.I = I, a.T = T, a.labels = labels, a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
+    a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
     a.dI = dI, a.dT = dT, a.dscale = dscale;
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
