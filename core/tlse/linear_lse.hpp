@@ -54,12 +54,6 @@ template <class Acc, class Exec>
 Acc* carve_linear_partials(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols) {
   return c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, rows, cols), rows, cols, false, false));
 }
-/// The backward's only workspace array: scratch for a backend's backward passes (often none).
-template <class T, class Exec>
-char* carve_linear_scratch(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols, index_t depth,
-                           Precision p) {
-  return c.take<char>(index_t(backward_scratch_bytes<T>(exec, rows, cols, depth, p)));
-}
 }  // namespace impl
 
 /// Workspace bytes linear_lse and linear_lse_backward need for these operands (the larger).
@@ -74,7 +68,9 @@ std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& 
   using T = impl::scalar_of<AV>;
   impl::WorkspaceCarver forward, backward;
   impl::carve_linear_partials<accumulator_t<T>>(forward, exec, A.extent(0), B.extent(0));
-  impl::carve_linear_scratch<T>(backward, exec, A.extent(0), B.extent(0), A.extent(1), opts.precision);
+  // The backward's only workspace array: scratch for a backend's backward passes (often none).
+  backward.take<char>(impl::index_t(
+      impl::backward_scratch_bytes<T>(exec, A.extent(0), B.extent(0), A.extent(1), opts.precision)));
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -168,7 +164,7 @@ void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV
   const std::size_t scratch_bytes = impl::backward_scratch_bytes<T>(exec, rows, cols, depth, opts.precision);
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return impl::carve_linear_scratch<T>(c, exec, rows, cols, depth, opts.precision); },
+      [&](impl::WorkspaceCarver& c) { return c.take<char>(impl::index_t(scratch_bytes)); },
       [&](char* scratch) {
         impl::BackwardTiles<T, Acc> f{};
         f.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
