@@ -1,6 +1,8 @@
 // Cross-entropy (CCE) against the float64 materialized reference, for every option.
 #include "test_support.hpp"
 
+#include <array>
+
 namespace {
 using namespace tlse::test;
 
@@ -12,6 +14,7 @@ struct CeCase {
   bool bias = false;
   bool neg_inf_bias = false;      // mask some non-target classes with a -inf bias
   bool int32_targets = false;
+  int clusters = 0;               // > 0: rows and classes in contiguous clusters (see make_inputs)
 };
 
 template <class C>
@@ -33,6 +36,18 @@ struct CrossEntropy : ::testing::Test {
     std::uniform_real_distribution<double> unit(0, 1);
     for (std::int64_t i = 0; i < k.N; ++i)
       in.targets.push_back(unit(rng) < k.ignore_fraction ? k.o.ignore_index : cls(rng));
+    if (k.clusters > 0) {
+      // Row i and class j belong to clusters i K / N and j K / V, contiguous ranges; a shared
+      // direction adds 20 to the logits within a cluster, so the softmax of a row outside its
+      // cluster is ~e^-20 and whole tiles fall under the gradient filter. Targets stay inside.
+      const std::int64_t K = k.clusters;
+      for (std::int64_t i = 0; i < k.N; ++i) in.E(i, i * K / k.N) = representable<T>(in.E(i, i * K / k.N) + 4);
+      for (std::int64_t j = 0; j < k.V; ++j) in.W(j, j * K / k.V) = representable<T>(in.W(j, j * K / k.V) + 5);
+      for (std::int64_t i = 0; i < k.N; ++i) {
+        const std::int64_t c = i * K / k.N, first = (c * k.V + K - 1) / K, end = ((c + 1) * k.V + K - 1) / K;
+        if (in.targets[i] != k.o.ignore_index) in.targets[i] = first + cls(rng) % (end - first);
+      }
+    }
     if (k.bias || k.neg_inf_bias) {
       std::normal_distribution<double> d(0, 1);
       for (std::int64_t j = 0; j < k.V; ++j) in.bias.push_back(representable<T>(k.bias ? d(rng) : 0.0));
@@ -225,35 +240,62 @@ TYPED_TEST(CrossEntropy, DefaultGradientFilterStaysWithinBound) {
   this->check({70, 300, 32, o, 6.0, 0.1, true}, rng);
 }
 
+TYPED_TEST(CrossEntropy, GradientFilterSkipsWholeTilesWithinBound) {
+  TLSE_SEEDED(rng);  // clustered: off-cluster tiles (128 x 128 on tensor cores) are all filtered
+  tlse::CrossEntropyOptions o;
+  CeCase k{300, 1000, 32, o};
+  k.clusters = 2;
+  this->check(k, rng);
+  k.o.ignore_index = -1;  // ignored rows and the filter together
+  k.ignore_fraction = 0.3;
+  this->check(k, rng);
+}
+
 TYPED_TEST(CrossEntropy, VocabularyOrderDoesNotChangeTheResult) {
   using C = TypeParam;
   TLSE_SEEDED(rng);
-  const std::int64_t N = 50, V = 111, D = 20;
-  auto E = to_device<C>(random_matrix<typename C::Scalar>(rng, N, D), "E");
-  auto Cm = to_device<C>(random_matrix<typename C::Scalar>(rng, V, D, 1.0), "C");
-  std::vector<int> t(N);
-  for (auto& x : t) x = int(rng() % V);
-  auto targets = index_to_device<typename C::IntView>(t);
-  typename C::AccView loss("loss", 1), lse("lse", N), dloss("dloss", 1);
-  typename C::IntView order("order", V), none;
-  Kokkos::deep_copy(dloss, 1);
-  typename C::VectorView nobias;
-  auto o = exact();
-  typename C::Exec exec;
-  tlse::cross_entropy(exec, E, Cm, nobias, targets, loss, lse, order, o);
-  typename C::MatrixView dE1("dE1", N, D), dC1("dC1", V, D), dE2("dE2", N, D), dC2("dC2", V, D);
-  tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, order, dloss, dE1, dC1, nobias, o);
-  tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, none, dloss, dE2, dC2, nobias, o);
-  // dC rows are summed over the same rows in the same order: bitwise equal. dE sums classes
-  // in another order: equal up to rounding.
-  EXPECT_EQ(to_host(dC1), to_host(dC2));
-  const auto a = to_host(dE1), b = to_host(dE2);
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-2 * (std::fabs(b[i]) + 1e-3)) << i;
-  // The order is a permutation with the likeliest classes first.
-  auto h = to_host(order);
-  std::vector<double> sorted = h;
-  std::sort(sorted.begin(), sorted.end());
-  for (std::int64_t j = 0; j < V; ++j) ASSERT_EQ(sorted[j], double(j));
+  // Depth 20 stays on the generic kernels; depth 24 takes the CUDA tensor cores for 16-bit inputs.
+  for (const auto shape : {std::array<std::int64_t, 3>{50, 111, 20}, std::array<std::int64_t, 3>{150, 300, 24}}) {
+    const std::int64_t N = shape[0], V = shape[1], D = shape[2];
+    const Matrix Eh = random_matrix<typename C::Scalar>(rng, N, D), Ch = random_matrix<typename C::Scalar>(rng, V, D);
+    auto E = to_device<C>(Eh, "E");
+    auto Cm = to_device<C>(Ch, "C");
+    std::vector<int> t(N);
+    for (auto& x : t) x = int(rng() % V);
+    auto targets = index_to_device<typename C::IntView>(t);
+    typename C::AccView loss("loss", 1), lse("lse", N), dloss("dloss", 1);
+    typename C::IntView order("order", V), none;
+    Kokkos::deep_copy(dloss, 1);
+    typename C::VectorView nobias;
+    auto o = exact();
+    typename C::Exec exec;
+    tlse::cross_entropy(exec, E, Cm, nobias, targets, loss, lse, order, o);
+    typename C::MatrixView dE1("dE1", N, D), dC1("dC1", V, D), dE2("dE2", N, D), dC2("dC2", V, D);
+    tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, order, dloss, dE1, dC1, nobias, o);
+    tlse::cross_entropy_backward(exec, E, Cm, nobias, targets, lse, none, dloss, dE2, dC2, nobias, o);
+    // dC rows are summed over the same rows in the same order: bitwise equal. dE sums classes
+    // in another order: equal up to rounding.
+    EXPECT_EQ(to_host(dC1), to_host(dC2)) << "V " << V;
+    const auto a = to_host(dE1), b = to_host(dE2);
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-2 * (std::fabs(b[i]) + 1e-3)) << i;
+    // The order is a permutation sorted by decreasing logit sum (the likeliest classes first),
+    // up to the sums' rounding: fp32 accumulation of N exact products of rounded inputs.
+    std::vector<double> sum(V, 0.0), mag(V, 0.0);
+    for (std::int64_t i = 0; i < N; ++i)
+      for (std::int64_t j = 0; j < V; ++j) {
+        double x = 0, m = 0;
+        for (std::int64_t d = 0; d < D; ++d) x += Eh(i, d) * Ch(j, d), m += std::fabs(Eh(i, d) * Ch(j, d));
+        sum[j] += x, mag[j] += m;
+      }
+    const auto h = to_host(order);
+    std::vector<double> sorted = h;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::int64_t j = 0; j < V; ++j) ASSERT_EQ(sorted[j], double(j));
+    for (std::int64_t j = 0; j + 1 < V; ++j) {
+      const int p = int(h[j]), q = int(h[j + 1]);
+      EXPECT_GE(sum[p], sum[q] - 1e-5 * (mag[p] + mag[q])) << "classes " << p << ", " << q << " at " << j;
+    }
+  }
 }
 
 TYPED_TEST(CrossEntropy, BitwiseDeterministic) {

@@ -21,15 +21,26 @@ inline bool specializations_enabled() {
   return enabled;
 }
 
-/// Forward LSE partials of the rows (or, `transposed`, of the columns). `run` returns the
-/// number of splits whose partial states (max, then sum, each splits x count) it wrote to
-/// `partials`, or 0 to leave the call to the generic kernel. It may use at most `max_splits`.
+/// Where a forward specialization writes the partial LSE states of one sweep over the tiles,
+/// in the generic kernel's layout, and how many splits it may use.
+template <class Acc>
+struct ForwardPartials {
+  Acc* rows;               // max, then sum: col_splits x rows.count
+  Acc* cols;               // max, then sum: row_splits x cols.count; nullptr: no column LSE
+  Acc* col_sums;           // row_splits x cols.count column logit sums; nullptr: not wanted
+  index_t max_col_splits;  // column blocks, each giving every row one partial state
+  index_t max_row_splits;  // row blocks, each giving every column one partial state
+  index_t col_splits = 0, row_splits = 0;  // what `run` used
+};
+
+/// Forward LSE partials of the rows and, on request, of the columns from the same pass over the
+/// tiles. `run` fills `parts` and returns true, or returns false to leave the call to the
+/// generic kernel.
 template <class Exec>
 struct LseForwardSpecialization {
   template <class T, class Acc>
-  static int run(const Exec&, const TileProblem<T, Acc>&, bool /*transposed*/, index_t /*max_splits*/,
-                 Acc* /*partials*/) {
-    return 0;
+  static bool run(const Exec&, const TileProblem<T, Acc>&, ForwardPartials<Acc>&) {
+    return false;
   }
 };
 

@@ -143,6 +143,17 @@ void merge_lse_partials(const Exec& exec, const Side<T>& side, const Acc* max, c
   });
 }
 
+/// Sums `parts` partial column logit sums per logical position in order into out[side.id(p)].
+template <class Exec, class T, class Acc>
+void merge_logit_sums(const Exec& exec, const Side<T>& side, const Acc* partial_sums, index_t parts, Acc* out) {
+  const index_t n = side.count;
+  Kokkos::parallel_for("tlse::merge_logit_sums", Kokkos::RangePolicy<Exec>(exec, 0, n), KOKKOS_LAMBDA(index_t p) {
+    Acc total = 0;
+    for (index_t part = 0; part < parts; ++part) total += partial_sums[part * n + p];
+    out[side.id(p)] = total;
+  });
+}
+
 /// An upper bound of forward_partials_size over every row count in [0, max_rows], for sizing a
 /// workspace before the number of active rows is known.
 template <class Exec>
@@ -164,22 +175,22 @@ inline index_t forward_partials_size(const ForwardGrid& g, index_t rows, index_t
 
 /// Runs the tile sweep. Outputs are indexed by id: row_lse[rows.id(p)], col_lse[cols.id(p)],
 /// col_logit_sum[cols.id(p)]; pass nullptr for what is not wanted.
-
 template <class Exec, class T, class Acc>
 void lse_forward(const Exec& exec, const TileProblem<T, Acc>& prob, const ForwardGrid& grid, Acc* partials,
                  Acc* row_lse, Acc* col_lse, Acc* col_logit_sum) {
   using Tile = GenericTile;
   const index_t nr = prob.rows.count, nc = prob.cols.count;
-  if (!col_logit_sum && nr > 0 && nc > 0 && specializations_enabled()) {
-    // Row partials first (at most grid_cols splits), then the column partials where the generic
-    // layout puts them: both fit in forward_partials_size.
+  if (nr > 0 && nc > 0 && specializations_enabled()) {
+    // The specialization writes where the generic kernel would (forward_partials_size holds it).
     Acc* col_parts = partials + 2 * grid.grid_cols * nr;
-    const index_t splits = LseForwardSpecialization<Exec>::run(exec, prob, false, grid.grid_cols, partials);
-    const index_t col_splits =
-        splits && col_lse ? LseForwardSpecialization<Exec>::run(exec, prob, true, grid.grid_rows, col_parts) : 0;
-    if (splits && (col_splits || !col_lse)) {
-      merge_lse_partials(exec, prob.rows, partials, partials + splits * nr, splits, row_lse);
-      if (col_lse) merge_lse_partials(exec, prob.cols, col_parts, col_parts + col_splits * nc, col_splits, col_lse);
+    ForwardPartials<Acc> parts{partials, col_lse ? col_parts : nullptr,
+                               col_logit_sum ? col_parts + (col_lse ? 2 * grid.grid_rows * nc : 0) : nullptr,
+                               grid.grid_cols, grid.grid_rows};
+    if (LseForwardSpecialization<Exec>::run(exec, prob, parts)) {
+      merge_lse_partials(exec, prob.rows, partials, partials + parts.col_splits * nr, parts.col_splits, row_lse);
+      if (col_lse)
+        merge_lse_partials(exec, prob.cols, col_parts, col_parts + parts.row_splits * nc, parts.row_splits, col_lse);
+      if (col_logit_sum) merge_logit_sums(exec, prob.cols, parts.col_sums, parts.row_splits, col_logit_sum);
       return;
     }
   }
@@ -209,16 +220,7 @@ void lse_forward(const Exec& exec, const TileProblem<T, Acc>& prob, const Forwar
   }
   merge_lse_partials(exec, prob.rows, f.row_max, f.row_sum, grid.grid_cols, row_lse);
   if (col_lse) merge_lse_partials(exec, prob.cols, f.col_max, f.col_sum, grid.grid_rows, col_lse);
-  if (col_logit_sum) {
-    const Acc* parts = f.col_logit_sum;
-    const index_t gr = grid.grid_rows;
-    const Side<T> cols = prob.cols;
-    Kokkos::parallel_for("tlse::merge_logit_sums", Kokkos::RangePolicy<Exec>(exec, 0, nc), KOKKOS_LAMBDA(index_t p) {
-      Acc total = 0;
-      for (index_t part = 0; part < gr; ++part) total += parts[part * nc + p];
-      col_logit_sum[cols.id(p)] = total;
-    });
-  }
+  if (col_logit_sum) merge_logit_sums(exec, prob.cols, f.col_logit_sum, grid.grid_rows, col_logit_sum);
 }
 
 }  // namespace tlse::impl

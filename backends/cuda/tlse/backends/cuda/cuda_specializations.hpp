@@ -1,6 +1,6 @@
 #pragma once
 // Registers the tensor-core kernels for Kokkos::Cuda: the forward LSE (lse_forward_mma.hpp) and
-// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs (backward: bf16 only), and
+// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs, and
 // for float inputs in TF32 when the call asks for Precision::tf32.
 #include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/lse_forward_mma.hpp>
@@ -18,22 +18,21 @@ constexpr bool on_tensor_cores =
 template <>
 struct LseForwardSpecialization<Kokkos::Cuda> {
   template <class T, class Acc>
-  static int run(const Kokkos::Cuda& exec, const TileProblem<T, Acc>& prob, bool transposed, index_t max_splits,
-                 Acc* partials) {
-    if constexpr (on_tensor_cores<T>) {
-      if (!cuda::LseForwardMma::applies(prob)) return 0;
-      return cuda::LseForwardMma::run(exec.cuda_stream(), exec.cuda_device(), prob, transposed, max_splits, partials);
+  static bool run(const Kokkos::Cuda& exec, const TileProblem<T, Acc>& prob, ForwardPartials<Acc>& parts) {
+    if constexpr (on_tensor_cores<T> && std::is_same<Acc, float>::value) {
+      if (!cuda::LseForwardMma::applies(prob)) return false;
+      cuda::LseForwardMma::run(exec.cuda_stream(), exec.cuda_device(), prob, parts);
+      return true;
     } else {
-      return 0;
+      return false;
     }
   }
 };
 
-/// The backward stores G = scale * dL/dx in the input type for the tensor cores. bf16 has
-/// float's exponent range; fp16 would flush the small entries of G (p / N is often below its
-/// 2^-24 subnormal floor) to zero, so fp16 backward passes stay on the generic kernels.
+/// The backward stores G = scale * dL/dx in the input type for the tensor cores (fp16 scaled by
+/// rows, see lse_backward_mma.hpp); float only in TF32 (checked at run time).
 template <class T>
-constexpr bool backward_on_tensor_cores = std::is_same<T, bfloat16>::value || std::is_same<T, float>::value;
+constexpr bool backward_on_tensor_cores = on_tensor_cores<T>;
 
 template <>
 struct LseBackwardSpecialization<Kokkos::Cuda> {

@@ -5,13 +5,21 @@
 //   1. the tile sweep (nt_sweep.hpp) recomputes the logits of the chunk against the whole other
 //      side and its epilogue turns them into G = scale * dL/dx, stored as T in a chunk buffer
 //      (rows x other, bounded by chunk_budget_bytes), plus per-row partial sums for dscale/dbias;
+//      With gradient filtering (CCE), a tile whose softmax entries are all below filter_eps and
+//      that holds no target is not stored and is marked skipped in a per-tile mask;
 //   2. grad_product_kernel multiplies G by the other side's rows (K = the other side, so each
 //      output tile accumulates its whole sum in registers) and writes the gradient rows once,
 //      directly or, when a chunk has too few output tiles to fill the GPU, through a fixed-order
 //      split over K.
+// fp16 cannot hold G as it is: entries like p / N fall below its 2^-24 floor. Each owned row of
+// G is stored times a power of two that puts the row's bound (row_scale_for) at 2^14, and the
+// product divides it out exactly; bf16 (float's exponent range) and TF32 store G unscaled.
 // No atomics: results are bitwise reproducible. Everything lives in the caller's workspace.
+#include <tlse/backends/cuda/launch_shape.hpp>
 #include <tlse/backends/cuda/nt_sweep.hpp>
 #include <tlse/impl/workspace_carver.hpp>
+
+#include <type_traits>
 
 namespace tlse::impl::cuda {
 
@@ -25,15 +33,53 @@ static_assert(PRODUCT_SMEM_BYTES <= SWEEP_SMEM_BYTES + 1024, "both kernels fit t
 struct TermsAt {
   float lse = 0, g = 0, w = 0;
   int target = -1;
+  /// A bound of |share| (p <= 1) for this position.
+  __device__ __forceinline__ float bound() const { return fabsf(g) + fabsf(w); }
   __device__ __forceinline__ void load(const SoftmaxTerms<float>& t, index_t id) {
     if (!t.active()) return;
     lse = t.lse[id], g = t.g[id];
     if (t.target) target = t.target[id], w = t.w[id];
   }
-  __device__ __forceinline__ float share(float x, index_t other_id) const {
-    return g * expf(x - lse) - (target == other_id ? w : 0.f);
+  /// Sets `significant` where the entry survives gradient filtering (see BackwardTiles::dlogit).
+  __device__ __forceinline__ float share(float x, index_t other_id, float filter_eps, bool& significant) const {
+    const float p = expf(x - lse);
+    significant |= !(p < filter_eps);
+    if (target != other_id) return g * p;
+    significant = true;
+    return g * p - w;
   }
 };
+
+/// The power of two that scales a row of G whose entries are at most `bound` in magnitude to at
+/// most 2^14 (headroom under fp16's 65504 for a recomputed p slightly above 1); 1 for a zero or
+/// non-finite bound. Exponents are clamped so that the scale and its inverse stay normal floats.
+__device__ __forceinline__ float row_scale_for(float bound) {
+  if (!(bound > 0.f) || !(bound < INFINITY)) return 1.f;
+  int e;
+  frexpf(bound, &e);  // bound < 2^e
+  const int k = 14 - e;
+  return ldexpf(1.f, k < -100 ? -100 : k > 100 ? 100 : k);
+}
+
+/// max over the other side's positions of TermsAt::bound(), into *out (one block).
+template <class T>
+__global__ void terms_bound_kernel(SoftmaxTerms<float> terms, Side<T> side, float* out) {
+  __shared__ float red[32];
+  float m = 0;
+  if (terms.active())
+    for (index_t x = threadIdx.x; x < side.count; x += blockDim.x) {
+      TermsAt t;
+      t.load(terms, side.id(x));
+      m = fmaxf(m, t.bound());
+    }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
+    *out = m;
+  }
+}
 
 /// What a gradient-sweep block needs, as one __grid_constant__ parameter (see ForwardParams).
 template <class T, class F>
@@ -43,6 +89,10 @@ struct GradientParams {
   index_t a_begin, a_end, ldp;
   int col_tiles_per_split;
   T* G;         // chunk buffer, or nullptr when no gradient rows are wanted
+  unsigned char* tile_mask;  // [chunk row tile][column tile]: 0 where filtered; nullptr: no filtering
+  int mask_ld;
+  float* row_scale;          // [chunk]: scale of each stored row of G (fp16); nullptr: unscaled
+  const float* other_bound;  // max TermsAt::bound() of the other side (fp16 only)
   float* part;  // row sums (dscale: dL/dz * dot, or dbias: dL/dz), or nullptr when neither is wanted
   bool sum_products;  // part sums dL/dz * dot (dscale) rather than dL/dz (dbias)
 };
@@ -74,6 +124,9 @@ struct GradientEpilogue {
       }
       __syncthreads();
     }
+    const float eps = p.tile_mask ? p.f.filter_eps : 0.f;
+    bool significant = false;
+    // dL/dz * scale replaces each dot product in acc; stored once the tile's fate is known.
   #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
     #pragma unroll
@@ -84,39 +137,59 @@ struct GradientEpilogue {
         const index_t oid = o_ok ? p.A.id(o) : 0;
         TermsAt own;
         if (o_ok) own.load(own_terms, oid);
+        float g_scale = scale;
+        if (p.row_scale) {
+          const float rs = row_scale_for(fabsf(scale) * (own.bound() + *p.other_bound));
+          g_scale *= rs;
+          if (o_ok && blockIdx.y == 0 && w.wn == 0 && (w.lane & 3) == 0) p.row_scale[o - p.a_begin] = rs;
+        }
         float sum = 0;
       #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          float g[2];
+        for (int nt = 0; nt < 4; ++nt)
         #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const int c_local = w.col(nt, j);
-            const index_t x = col_base + c_local;
-            const float dot = acc[mt][nt][2 * h + j];
+            const index_t x = col_base + w.col(nt, j);
+            float& v = acc[mt][nt][2 * h + j];
+            const float dot = v;
             float dz = 0;
             if (o_ok && x < p.B.count) {
               const index_t xid = p.B.id(x);
               const float lx = p.f.prob.logit(dot, by_row ? oid : xid, by_row ? xid : oid);
               if (lx != -infinity<float>()) {
-                float share = own_on ? own.share(lx, xid) : 0.f;
-                if (other_on) share += other[c_local].share(lx, oid);
+                float share = own_on ? own.share(lx, xid, eps, significant) : 0.f;
+                if (other_on) share += other[w.col(nt, j)].share(lx, oid, eps, significant);
                 dz = share * p.f.prob.logit.dx_dz(lx);
               }
               sum += p.sum_products ? dz * dot : dz;
             }
-            g[j] = dz * scale;
+            v = dz * g_scale;
           }
-          const index_t x0 = col_base + w.col(nt, 0);
-          if (p.G && o_ok && x0 < p.ldp) store_pair(p.G, (o - p.a_begin) * p.ldp + x0, g[0], g[1]);
-        }
         if (sums) {
           sum = quad_sum(sum);
           if ((w.lane & 3) == 0) red[w.wn][r_local] = sum;
         }
       }
-    if (!sums) return;
-    __syncthreads();
-    if (w.tid < BM) run += column_warp_sum(red, w.tid);
+    // One barrier: it publishes the row sums and, when filtering, decides the tile's fate.
+    bool keep = true;
+    if (p.tile_mask)
+      keep = __syncthreads_or(significant) != 0;
+    else if (sums)
+      __syncthreads();
+    if (p.tile_mask && w.tid == 0) p.tile_mask[((row0 - p.a_begin) / BM) * p.mask_ld + ct] = keep;
+    if (p.G && keep)
+    #pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+      #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const index_t o = row0 + w.row(mt, h);
+        #pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const index_t x0 = col_base + w.col(nt, 0);
+            if (o < p.a_end && x0 < p.ldp)
+              store_pair(p.G, (o - p.a_begin) * p.ldp + x0, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+          }
+        }
+    if (sums && w.tid < BM) run += column_warp_sum(red, w.tid);
   }
 };
 
@@ -142,11 +215,13 @@ __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid
 /// same 3-stage cp.async pipeline; X's tile is stored k-major and read with ldmatrix.trans
 /// (16-bit inputs) or with 32-bit shared loads (TF32: ldmatrix.trans would split the floats).
 /// gridDim.z == 1: writes gradient rows own.id(a_begin + m) (+= with accumulate); otherwise split
-/// z of K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel.
+/// z of K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel. K steps whose G
+/// tile the sweep filtered out (tile_mask) are skipped: they hold no stored values.
 template <class T>
 __global__ void __launch_bounds__(THREADS, 2)
     grad_product_kernel(const T* G, index_t ldp, index_t chunk, Side<T> X, index_t D, int k_tiles_per_split,
-                        Side<T> own, index_t a_begin, T* grad, bool accumulate, float* part) {
+                        const unsigned char* tile_mask, int mask_ld, const float* row_scale, Side<T> own,
+                        index_t a_begin, T* grad, bool accumulate, float* part) {
   extern __shared__ uint4 smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const WarpPosition w;
@@ -156,12 +231,16 @@ __global__ void __launch_bounds__(THREADS, 2)
   const int total_kt = int((nx + BKT - 1) / BKT);
   const int kt_begin = blockIdx.z * k_tiles_per_split;
   const int kt_end = kt_begin + k_tiles_per_split < total_kt ? kt_begin + k_tiles_per_split : total_kt;
-  const int iters = kt_end > kt_begin ? kt_end - kt_begin : 0;
+  const unsigned char* kept = tile_mask ? tile_mask + index_t(blockIdx.x) * mask_ld : nullptr;
+  const auto next_kept = [&](int kt) {  // the first K step at or after kt that the sweep kept
+    while (kt < kt_end && kept && !kept[kt * BKT / BN]) ++kt;
+    return kt;
+  };
   constexpr int STAGE = BM * LDS + BK * LDSB;  // the same in halves for either element size
   constexpr int LDSB_T = LDSB * HALVES;        // B row stride in halves: BKT rows of BN + 8 elements
 
-  auto load = [&](int it, int stage) {
-    const index_t k0 = index_t(kt_begin + it) * BKT;
+  auto load = [&](int kt, int stage) {
+    const index_t k0 = index_t(kt) * BKT;
     std::uint16_t* sa = smem + stage * STAGE;
     std::uint16_t* sb = sa + BM * LDS;
   #pragma unroll
@@ -184,15 +263,18 @@ __global__ void __launch_bounds__(THREADS, 2)
     for (int nt = 0; nt < 4; ++nt)
     #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+  // Loads are issued in K order, one per commit group, `issued` so far; step `it` computes the
+  // it-th kept K step, which the wait below guarantees has landed (as in nt_sweep).
+  int next = next_kept(kt_begin), issued = 0;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < iters) load(s, s);
+    if (next < kt_end) load(next, s), next = next_kept(next + 1), ++issued;
     cp_async_commit();
   }
-  for (int it = 0; it < iters; ++it) {
+  for (int it = 0; it < issued; ++it) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    if (it + STAGES - 1 < iters) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    if (next < kt_end) load(next, issued % STAGES), next = next_kept(next + 1), ++issued;
     cp_async_commit();
     const std::uint16_t* sa = smem + (it % STAGES) * STAGE;
     const std::uint16_t* sb = sa + BM * LDS;
@@ -232,11 +314,12 @@ __global__ void __launch_bounds__(THREADS, 2)
     for (int h = 0; h < 2; ++h) {
       const index_t m = m0 + w.row(mt, h);
       if (m >= chunk) continue;
+      const float unscale = row_scale ? 1.f / row_scale[m] : 1.f;  // a power of two: exact
     #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const index_t n = n0 + w.col(nt, 0);  // even, and D % 8 == 0: n + 1 < D too
         if (n >= D) continue;
-        float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+        float v0 = acc[mt][nt][2 * h] * unscale, v1 = acc[mt][nt][2 * h + 1] * unscale;
         if (gridDim.z > 1) {
           *reinterpret_cast<float2*>(part + (index_t(blockIdx.z) * chunk + m) * D + n) = make_float2(v0, v1);
           continue;
@@ -277,11 +360,12 @@ __global__ void row_sums_reduce_kernel(const float* part, int splits, index_t ch
 }
 
 /// How one backward pass is cut: chunks of owned rows whose G buffer fits chunk_budget_bytes,
-/// sweep splits for about four resident blocks per SM, and K splits of the product when a
-/// chunk's output tiles would not fill the GPU twice.
+/// then sweep splits over the other side and K splits of the product, each chosen so that the
+/// launch's last wave is full (balanced_splits).
 struct BackwardPlan {
   static constexpr std::size_t chunk_budget_bytes = std::size_t(64) << 20;
-  index_t ldp = 0, chunk = 0, elem_bytes = 2;
+  static constexpr index_t max_sweep_splits = 256, max_k_splits = 32;
+  index_t ldp = 0, chunk = 0, elem_bytes = 2, col_tiles = 0;
   int sweep_splits = 1, k_splits = 1, col_tiles_per_split = 1, k_tiles_per_split = 1;
 
   static BackwardPlan make(index_t owned, index_t other, index_t depth, int sms, index_t elem_bytes) {
@@ -291,26 +375,35 @@ struct BackwardPlan {
     const index_t owned_rounded = (owned + BM - 1) / BM * BM;
     index_t chunk = index_t(chunk_budget_bytes / (std::size_t(p.ldp) * elem_bytes)) / BM * BM;
     p.chunk = chunk < BM ? BM : chunk > owned_rounded ? owned_rounded : chunk;
-    const index_t row_tiles = p.chunk / BM, col_tiles = (other + BN - 1) / BN;
-    const index_t sweep = std::min<index_t>(col_tiles, (4 * index_t(sms) + row_tiles - 1) / row_tiles);
-    p.sweep_splits = int(sweep < 1 ? 1 : sweep);
-    p.col_tiles_per_split = int((col_tiles + p.sweep_splits - 1) / p.sweep_splits);
-    const index_t out_tiles = row_tiles * ((depth + BN - 1) / BN), k_tiles = (other + BK * 2 / elem_bytes - 1) / (BK * 2 / elem_bytes);
-    const index_t ks = std::min<index_t>({32, k_tiles, (2 * index_t(sms) + out_tiles - 1) / out_tiles});
-    p.k_splits = int(ks < 1 ? 1 : ks);
+    const index_t row_tiles = p.chunk / BM;
+    p.col_tiles = (other + BN - 1) / BN;
+    p.sweep_splits = balanced_splits(row_tiles, p.col_tiles, max_sweep_splits, sms);
+    p.col_tiles_per_split = int((p.col_tiles + p.sweep_splits - 1) / p.sweep_splits);
+    p.sweep_splits = int((p.col_tiles + p.col_tiles_per_split - 1) / p.col_tiles_per_split);
+    const index_t out_tiles = row_tiles * ((depth + BN - 1) / BN);
+    const index_t k_step = BK * 2 / elem_bytes, k_tiles = (other + k_step - 1) / k_step;
+    // A K split adds an fp32 partial of the chunk's gradient rows to write and reduce: count it
+    // as two K steps of the block.
+    p.k_splits = balanced_splits(out_tiles, k_tiles, max_k_splits, sms, 2);
     p.k_tiles_per_split = int((k_tiles + p.k_splits - 1) / p.k_splits);
+    p.k_splits = int((k_tiles + p.k_tiles_per_split - 1) / p.k_tiles_per_split);
     return p;
   }
 
   struct Buffers {
     char* G;
     float *part, *row_sums;
+    unsigned char* tile_mask;
+    float *row_scale, *other_bound;
   };
   Buffers carve(WorkspaceCarver& c, index_t depth) const {
     Buffers b;
     b.G = c.take<char>(ldp * chunk * elem_bytes);
     b.part = c.take<float>(k_splits > 1 ? k_splits * chunk * depth : 0);
     b.row_sums = c.take<float>(index_t(sweep_splits) * chunk);
+    b.tile_mask = c.take<unsigned char>(chunk / BM * col_tiles);
+    b.row_scale = c.take<float>(chunk);
+    b.other_bound = c.take<float>(1);
     return b;
   }
   std::size_t bytes(index_t depth) const {
@@ -351,6 +444,12 @@ struct LseBackwardMma {
     WorkspaceCarver carver(scratch + (64 - reinterpret_cast<std::uintptr_t>(scratch) % 64) % 64);
     const BackwardPlan::Buffers buf = plan.carve(carver, D);
     const bool sums = f.dscale_part != nullptr || f.dbias != nullptr;
+    const bool filter = f.grad != nullptr && f.filter_eps > 0;
+    const bool scaled = std::is_same<T, float16>::value;
+    if (scaled) {
+      terms_bound_kernel<T><<<1, 1024, 0, stream>>>(f.owner_is_row ? f.col_terms : f.row_terms, other, buf.other_bound);
+      check_launch("terms_bound_kernel");
+    }
     for (index_t a_begin = 0; a_begin < own.count; a_begin += plan.chunk) {
       const index_t a_end = std::min(own.count, a_begin + plan.chunk), chunk = a_end - a_begin;
       const index_t row_tiles = (chunk + BM - 1) / BM;
@@ -362,6 +461,10 @@ struct LseBackwardMma {
                                         plan.ldp,
                                         plan.col_tiles_per_split,
                                         f.grad ? reinterpret_cast<T*>(buf.G) : nullptr,
+                                        filter ? buf.tile_mask : nullptr,
+                                        int(plan.col_tiles),
+                                        scaled ? buf.row_scale : nullptr,
+                                        buf.other_bound,
                                         sums ? buf.row_sums : nullptr,
                                         f.dscale_part != nullptr};
       gradient_sweep_kernel<T, F>
@@ -375,8 +478,9 @@ struct LseBackwardMma {
       if (!f.grad) continue;
       const dim3 grid(unsigned(row_tiles), unsigned((D + BN - 1) / BN), unsigned(plan.k_splits));
       grad_product_kernel<T><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
-          reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split, own, a_begin, f.grad,
-          f.accumulate, buf.part);
+          reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split,
+          filter ? buf.tile_mask : nullptr, int(plan.col_tiles), scaled ? buf.row_scale : nullptr, own, a_begin,
+          f.grad, f.accumulate, buf.part);
       check_launch("grad_product_kernel");
       if (plan.k_splits > 1) {
         gradient_reduce_kernel<T><<<unsigned(std::min<index_t>((chunk * D + 255) / 256, 8192)), 256, 0, stream>>>(

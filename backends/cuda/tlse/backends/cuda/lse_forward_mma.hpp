@@ -1,11 +1,17 @@
 #pragma once
-// CUDA specialization of the forward LSE for bf16 and fp16 inputs: the tensor-core sweep
-// (nt_sweep.hpp) with an epilogue that folds each finished tile into per-row online LSE states.
-// `transposed` sweeps the matrix the other way round (A = the column side), which is how the
-// column LSE of the contrastive loss is computed: the dot product is symmetric, so it is the
-// same kernel with the logit model told that A holds columns. Launched natively on
-// exec.cuda_stream() because it needs 108 KiB of shared memory (Kokkos 3.4 caps team scratch
-// at 40 KiB).
+// CUDA specialization of the forward LSE for bf16/fp16 inputs (and float in TF32): the
+// tensor-core sweep (nt_sweep.hpp) with an epilogue that folds each finished tile into per-row
+// online LSE states and, on request, into per-column states and column logit sums, so the
+// contrastive loss gets its row and column LSE (and cross-entropy its vocabulary order) from
+// one pass over the tiles. Launched natively on exec.cuda_stream() because it needs 108 KiB of
+// shared memory (Kokkos 3.4 caps team scratch at 40 KiB).
+//
+// Layout of the work, as the generic forward (lse_forward.hpp): block (x, y) takes row tiles
+// [x r, x r + r) and the column tiles of split y. Its row states stay in registers for one row
+// tile; its column states live in the column partials of slot x, which only this block touches
+// (read-modify-write once per tile, 1 KiB against a 128 x 128 x depth product). No atomics:
+// results are bitwise reproducible.
+#include <tlse/backends/cuda/launch_shape.hpp>
 #include <tlse/backends/cuda/nt_sweep.hpp>
 
 namespace tlse::impl::cuda {
@@ -14,20 +20,24 @@ namespace tlse::impl::cuda {
 /// refer to it without the copy to local memory that taking a parameter's address costs.
 template <class T>
 struct ForwardParams {
-  Side<T> A, B;  // A = the rows whose LSE is computed (prob.cols when transposed)
+  Side<T> A, B;  // rows, columns
   index_t depth;
   LogitModel<T, float> logit;
-  bool transposed;
-  int col_tiles_per_split;
-  float *part_max, *part_sum;
+  int row_tiles_per_block, col_tiles_per_split;
+  float *row_max, *row_sum;  // [gridDim.y][A.count]
+  float *col_max, *col_sum;  // [gridDim.x][B.count], or nullptr: no column LSE
+  float* col_logit_sum;      // [gridDim.x][B.count], or nullptr
 };
 
-/// Online (max, sum) per A row over the block's column tiles; merged over the 4 column warps
-/// through shared memory in a fixed order, so results are reproducible.
-template <class T>
+/// Online (max, sum) per row over the block's column tiles, merged over the 4 column warps
+/// through shared memory in a fixed order; with Columns, per column over the tile's rows, merged
+/// over the 2 row warps and into the block's column slot in a fixed order. (A template flag, not
+/// a run-time branch: the column code costs registers the row-only kernel should not pay.)
+template <class T, bool Columns>
 struct LseEpilogue {
   const ForwardParams<T>& p;
   index_t row0;
+  bool first_row_tile;  // the block's first row tile writes its column slots instead of merging
   float (*red_max)[BM];
   float (*red_sum)[BM];
   float run_max = -infinity<float>(), run_sum = 0;
@@ -49,12 +59,7 @@ struct LseEpilogue {
           for (int j = 0; j < 2; ++j) {
             const index_t b = col_base + w.col(nt, j);
             float& x = acc[mt][nt][2 * h + j];
-            if (r_ok && b < p.B.count) {
-              const index_t bid = p.B.id(b);
-              x = p.logit(x, p.transposed ? bid : aid, p.transposed ? aid : bid);
-            } else {
-              x = -infinity<float>();
-            }
+            x = r_ok && b < p.B.count ? p.logit(x, aid, p.B.id(b)) : -infinity<float>();
             m = nan_max(m, x);
           }
         m = quad_max(m);
@@ -74,65 +79,116 @@ struct LseEpilogue {
       for (int q = 0; q < 4; ++q) st.merge(red_max[q][w.tid], red_sum[q][w.tid]);
       run_max = st.max, run_sum = st.sum;
     }
+    if constexpr (Columns) columns(acc, col_base);
+  }
+
+  /// The tile's column states (acc holds logits now). red_max[wm] / red_sum[wm] take row warp
+  /// wm's column max and sum, red_max[2 + wm] its column logit sum.
+  __device__ __forceinline__ void columns(const TileAccumulator& acc, index_t col_base) {
+    const WarpPosition w;
+    __syncthreads();  // the row merge above has read red_max / red_sum
+  #pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+    #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float m = -infinity<float>(), total = 0;
+      #pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+        #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float x = acc[mt][nt][2 * h + j];
+            m = nan_max(m, x);
+            if (x != -infinity<float>()) total += x;
+          }
+        m = column_lanes_max(m);
+        float s = 0;
+        if (m != -infinity<float>())
+        #pragma unroll
+          for (int mt = 0; mt < 4; ++mt)
+          #pragma unroll
+            for (int h = 0; h < 2; ++h) s += expf(acc[mt][nt][2 * h + j] - m);
+        s = column_lanes_sum(s);
+        total = column_lanes_sum(total);
+        if (w.lane < 4) {
+          const int c = w.col(nt, j);
+          red_max[w.wm][c] = m, red_sum[w.wm][c] = s, red_max[2 + w.wm][c] = total;
+        }
+      }
+    __syncthreads();
+    const index_t col = col_base + w.tid;
+    if (w.tid >= BN || col >= p.B.count) return;
+    const index_t slot = index_t(blockIdx.x) * p.B.count + col;
+    if (p.col_max) {
+      LseState<float> st;
+      if (!first_row_tile) st = LseState<float>{p.col_max[slot], p.col_sum[slot]};
+      st.merge(red_max[0][w.tid], red_sum[0][w.tid]);
+      st.merge(red_max[1][w.tid], red_sum[1][w.tid]);
+      p.col_max[slot] = st.max, p.col_sum[slot] = st.sum;
+    }
+    if (p.col_logit_sum)
+      p.col_logit_sum[slot] = (first_row_tile ? 0.f : p.col_logit_sum[slot]) + red_max[2][w.tid] + red_max[3][w.tid];
   }
 };
 
-/// Block (blockIdx.x, blockIdx.y): A rows [128 x, 128 x + 128) against the column tiles of split
-/// y. Writes one partial LSE state per A row: part_max/part_sum[y * A.count + row].
-template <class T>
+/// Block (x, y): row tiles [x r, x r + r) (r = row_tiles_per_block) against the column tiles of
+/// split y. Writes one partial state per row, row_max/row_sum[y * A.count + row], and merges the
+/// column states into slot x.
+template <class T, bool Columns>
 __global__ void __launch_bounds__(THREADS, 2) lse_forward_mma_kernel(const __grid_constant__ ForwardParams<T> p) {
   extern __shared__ uint4 smem_raw[];
   __shared__ float red_max[4][BM], red_sum[4][BM];
-  const index_t na = p.A.count, row0 = index_t(blockIdx.x) * BM;
+  const index_t na = p.A.count;
   const int total_ct = int((p.B.count + BN - 1) / BN);
   const int ct_begin = blockIdx.y * p.col_tiles_per_split;
   const int ct_end = ct_begin + p.col_tiles_per_split < total_ct ? ct_begin + p.col_tiles_per_split : total_ct;
-  LseEpilogue<T> epi{p, row0, red_max, red_sum};
-  nt_sweep(p.A, p.B, p.depth, row0, na, ct_begin, ct_end, reinterpret_cast<std::uint16_t*>(smem_raw), epi);
-  const int tid = threadIdx.x;
-  if (tid < BM && row0 + tid < na) {
-    p.part_max[index_t(blockIdx.y) * na + row0 + tid] = epi.run_max;
-    p.part_sum[index_t(blockIdx.y) * na + row0 + tid] = epi.run_sum;
+  for (int rt = 0; rt < p.row_tiles_per_block; ++rt) {
+    const index_t row0 = (index_t(blockIdx.x) * p.row_tiles_per_block + rt) * BM;
+    if (row0 >= na) break;
+    LseEpilogue<T, Columns> epi{p, row0, rt == 0, red_max, red_sum};
+    nt_sweep(p.A, p.B, p.depth, row0, na, ct_begin, ct_end, reinterpret_cast<std::uint16_t*>(smem_raw), epi);
+    const int tid = threadIdx.x;
+    if (tid < BM && row0 + tid < na) {
+      p.row_max[index_t(blockIdx.y) * na + row0 + tid] = epi.run_max;
+      p.row_sum[index_t(blockIdx.y) * na + row0 + tid] = epi.run_sum;
+    }
   }
 }
 
-/// The forward LSE on tensor cores for bf16/fp16 inputs, when sweep_applies.
+/// The forward LSE on tensor cores, when sweep_applies.
 struct LseForwardMma {
   template <class T>
   static bool applies(const TileProblem<T, float>& prob) {
     return sweep_applies(prob);
   }
 
-  /// Column splits for about four resident blocks per SM, at most `max_splits`.
-  static int splits(index_t rows, index_t cols, int sms, index_t max_splits) {
-    const index_t row_tiles = (rows + BM - 1) / BM, col_tiles = (cols + BN - 1) / BN;
-    index_t s = (4 * index_t(sms) + row_tiles - 1) / row_tiles;
-    s = s < col_tiles ? s : col_tiles;
-    s = s < max_splits ? s : max_splits;
-    return int(s < 1 ? 1 : s);
-  }
-
-  /// Writes `splits` partial states per A row (max, then sum, each splits x A.count) to
-  /// part_max_sum and returns `splits`. A = prob.rows, or prob.cols when `transposed`.
+  /// Fills `parts` (see ForwardPartials). Without column outputs every block takes one row tile
+  /// and only the column splits are chosen; with them the row tiles are grouped into at most
+  /// max_row_splits blocks, each owning a column slot.
   template <class T>
-  static int run(cudaStream_t stream, int device, const TileProblem<T, float>& prob, bool transposed,
-                 index_t max_splits, float* part_max_sum) {
-    static const bool configured = (raise_smem_limit(lse_forward_mma_kernel<T>, SWEEP_SMEM_BYTES,
-                                                     "lse_forward_mma_kernel"),
-                                    true);
+  static void run(cudaStream_t stream, int device, const TileProblem<T, float>& prob, ForwardPartials<float>& parts) {
+    static const bool configured =
+        (raise_smem_limit(lse_forward_mma_kernel<T, false>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"),
+         raise_smem_limit(lse_forward_mma_kernel<T, true>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"), true);
     (void)configured;
-    const Side<T>& A = transposed ? prob.cols : prob.rows;
-    const Side<T>& B = transposed ? prob.rows : prob.cols;
-    const index_t na = A.count;
-    const int used = splits(na, B.count, multiprocessors(device), max_splits);
-    const int col_tiles = int((B.count + BN - 1) / BN);
-    const int per_split = (col_tiles + used - 1) / used;
-    const dim3 grid(unsigned((na + BM - 1) / BM), unsigned(used));
-    const ForwardParams<T> params{A,         B,        prob.depth,  prob.logit,
-                                  transposed, per_split, part_max_sum, part_max_sum + index_t(used) * na};
-    lse_forward_mma_kernel<T><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
+    const index_t na = prob.rows.count, nb = prob.cols.count;
+    const index_t row_tiles = (na + BM - 1) / BM, col_tiles = (nb + BN - 1) / BN;
+    const bool columns = parts.cols || parts.col_sums;
+    index_t row_blocks = columns ? std::min(row_tiles, parts.max_row_splits) : row_tiles;
+    const index_t per_block = (row_tiles + row_blocks - 1) / row_blocks;
+    row_blocks = (row_tiles + per_block - 1) / per_block;  // every block has a first row tile
+    const int splits = balanced_splits(row_blocks, col_tiles, parts.max_col_splits, multiprocessors(device));
+    const int per_split = int((col_tiles + splits - 1) / splits);
+    parts.col_splits = (col_tiles + per_split - 1) / per_split;  // no empty split
+    parts.row_splits = row_blocks;
+    ForwardParams<T> params{prob.rows, prob.cols, prob.depth, prob.logit, int(per_block), per_split,
+                            parts.rows, parts.rows + parts.col_splits * na, parts.cols, nullptr, parts.col_sums};
+    if (parts.cols) params.col_sum = parts.cols + row_blocks * nb;
+    const dim3 grid(unsigned(row_blocks), unsigned(parts.col_splits));
+    if (columns)
+      lse_forward_mma_kernel<T, true><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
+    else
+      lse_forward_mma_kernel<T, false><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
     check_launch("lse_forward_mma_kernel");
-    return used;
   }
 };
 

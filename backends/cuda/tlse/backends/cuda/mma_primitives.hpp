@@ -88,6 +88,15 @@ __device__ __forceinline__ float quad_sum(float v) {
   for (int o = 1; o < 4; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+/// The same over the 8 lanes that share lane % 4 (the rows of an mma accumulator's column).
+__device__ __forceinline__ float column_lanes_max(float v) {
+  for (int o = 4; o < 32; o <<= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float column_lanes_sum(float v) {
+  for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 /// Stores two adjacent values, converted to T, with one store; `at` is even.
 template <class T>
