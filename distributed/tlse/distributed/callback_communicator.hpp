@@ -124,13 +124,14 @@ class CallbackCommunicator {
 
   /// Sends `send` to rank+1 and receives the same number of bytes from rank-1 into `recv`
   /// (contiguous views of the execution space, same extents on every rank), after a fence of
-  /// the execution space. One rank alone copies, without a callback.
+  /// the execution space. One rank alone copies, and empty views move nothing, without a callback.
   template <class SendV, class RecvV>
   Request ring_step(const SendV& send, const RecvV& recv) const {
     const std::size_t bytes = impl::contiguous_bytes("tlse::distributed::ring_step", "send", send);
     if (impl::contiguous_bytes("tlse::distributed::ring_step", "recv", recv) != bytes)
       throw std::invalid_argument("tlse::distributed::ring_step: 'send' and 'recv' must have the same size");
     using Mem = typename Exec::memory_space;
+    if (bytes == 0) return Request();
     if (cb_.size == 1) {
       Kokkos::deep_copy(exec_, impl::UnmanagedBytes<Mem>(reinterpret_cast<char*>(recv.data()), bytes),
                         impl::UnmanagedBytes<Mem>(const_cast<char*>(reinterpret_cast<const char*>(send.data())), bytes));
@@ -144,7 +145,7 @@ class CallbackCommunicator {
   }
 
   /// In-place element-wise all-reduce of a contiguous view of float, double, int or int64 in
-  /// the execution space's memory. Blocking.
+  /// the execution space's memory. Blocking; an empty view moves nothing.
   template <class V>
   void allreduce(const V& v, ReduceOp op) const {
     using U = typename V::non_const_value_type;
@@ -156,12 +157,14 @@ class CallbackCommunicator {
                          "allreduce");
   }
 
-  /// recv (size() * send.size() elements) = every rank's `send` in rank order. Blocking.
+  /// recv (size() * send.size() elements) = every rank's `send` in rank order. Blocking; empty
+  /// views move nothing.
   template <class SendV, class RecvV>
   void allgather(const SendV& send, const RecvV& recv) const {
     const std::size_t bytes = impl::contiguous_bytes("tlse::distributed::allgather", "send", send);
     if (impl::contiguous_bytes("tlse::distributed::allgather", "recv", recv) != bytes * std::size_t(cb_.size))
       throw std::invalid_argument("tlse::distributed::allgather: 'recv' must hold size() times 'send'");
+    if (bytes == 0) return;
     exec_.fence();
     impl::callback_check(cb_.allgather(cb_.user, send.data(), recv.data(), bytes), "allgather");
   }
