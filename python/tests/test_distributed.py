@@ -25,6 +25,7 @@ if (dist.is_available() and dist.is_nccl_available() and _library.device_availab
     BACKENDS.append("nccl")
 RUNS = [(backend, size) for backend in BACKENDS for size in (2, 3) if backend != "nccl" or
         size <= torch.cuda.device_count()]
+RUN_IDS = ["%s-%dranks" % run for run in RUNS]
 TIMEOUT_S = 240  # the whole run of one (backend, size); a collective left waiting fails after 60 s
 
 
@@ -74,13 +75,13 @@ def outcomes(run, scenario):
 MATCHES_TORCH = [name for name in distributed_worker.SCENARIOS if name.startswith(("contrastive", "cross_entropy"))]
 
 
-@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("run", RUNS, ids=RUN_IDS)
 @pytest.mark.parametrize("scenario", MATCHES_TORCH)
 def test_matches_torch(run, scenario):
     outcomes(run, scenario)
 
 
-@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("run", RUNS, ids=RUN_IDS)
 @pytest.mark.parametrize("scenario, error, pattern", [
     ("mismatched_features", "ValueError", "argument 'I' has columns \\(features\\) 5 on rank (1|2) but 4 on rank 0"),
     ("wrong_dtype_on_one_rank", "TypeError",
