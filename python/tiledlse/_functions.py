@@ -168,8 +168,8 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
     e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
     """
-    e2, c, bias, targets, options, batch_shape = _cross_entropy_arguments(
-        e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss)
+    e2, targets, options, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
+                                                                  reduction, shift, filter_eps, z_loss)
     # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
     # classes; it costs a host sort of V entries, worth it only when filtering and training.
     want_order = options.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
@@ -178,8 +178,8 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
 
 
 def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss):
-    """Checks linear_cross_entropy's arguments; returns (e as (N, D), c, bias, targets as (N),
-    options, the batch shape)."""
+    """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), options,
+    the batch shape)."""
     _check_tensor("e", e)
     if e.dim() < 1:
         raise ValueError("argument 'e' must have shape (..., D), got a 0-d tensor")
@@ -217,7 +217,7 @@ def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reducti
     options.softcap = 0.0 if softcap is None else _number("softcap", softcap)
     options.z_loss = _number("z_loss", z_loss)
     options.filter_eps = _filter_eps(filter_eps)
-    return e.reshape(-1, e.shape[-1]), c, bias, targets.reshape(-1), options, batch_shape
+    return e.reshape(-1, e.shape[-1]), targets.reshape(-1), options, batch_shape
 
 
 def _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse):

@@ -210,6 +210,6 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
         comm.check_device("e", e)
         _launch("e", e)
         return arguments
-    e2, c, bias, flat_targets, options, batch_shape = comm.agree(checks)
+    e2, flat_targets, options, batch_shape = comm.agree(checks)
     loss, lse = _LinearCrossEntropy.apply(e2, c, bias, flat_targets, options, False, comm)
     return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
