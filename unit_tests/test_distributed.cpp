@@ -68,12 +68,56 @@ std::vector<double> slice(const std::vector<double>& v, std::int64_t first, std:
   return std::vector<double>(v.begin() + first * width, v.begin() + (first + count) * width);
 }
 
+/// A CallbackCommunicator's callbacks over MPI_COMM_WORLD (host memory), so that the callback
+/// path is covered without Python. `fail_allreduce` makes the all-reduce report code 7.
+struct MpiCallbacks {
+  bool fail_allreduce = false;
+
+  static MPI_Comm world() { return MPI_COMM_WORLD; }
+  static int ring_start(void*, const void* send, void* recv, std::size_t bytes, void** handle) {
+    const int n = world_size(), r = world_rank();
+    auto* reqs = new MPI_Request[2];
+    *handle = reqs;
+    return MPI_Irecv(recv, int(bytes), MPI_BYTE, (r + n - 1) % n, 7, world(), &reqs[0]) |
+           MPI_Isend(send, int(bytes), MPI_BYTE, (r + 1) % n, 7, world(), &reqs[1]);
+  }
+  static int ring_wait(void*, void* handle) {
+    auto* reqs = static_cast<MPI_Request*>(handle);
+    const int rc = MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
+    delete[] reqs;
+    return rc;
+  }
+  static int allreduce(void* user, void* data, std::size_t count, int dtype, int op) {
+    if (static_cast<MpiCallbacks*>(user)->fail_allreduce) return 7;
+    const MPI_Datatype types[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT, MPI_INT64_T};
+    return MPI_Allreduce(MPI_IN_PLACE, data, int(count), types[dtype],
+                         op == tlse::distributed::callback_sum ? MPI_SUM : MPI_MAX, world());
+  }
+  static int allgather(void*, const void* send, void* recv, std::size_t bytes) {
+    return MPI_Allgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, world());
+  }
+
+  tlse::distributed::Callbacks callbacks() {
+    tlse::distributed::Callbacks c;
+    c.user = this;
+    c.rank = world_rank(), c.size = world_size();
+    c.ring_start = ring_start, c.ring_wait = ring_wait, c.allreduce = allreduce;
+    c.allgather = c.allgather_host = allgather;
+    return c;
+  }
+};
+
 /// Calls f with every communicator this build has, over MPI_COMM_WORLD.
 template <class Exec, class F>
 void for_each_comm(const Exec& exec, const F& f) {
   {
     SCOPED_TRACE("MpiCommunicator");
     f(MpiCommunicator<Exec>(exec, MPI_COMM_WORLD));
+  }
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+    SCOPED_TRACE("CallbackCommunicator over MPI");
+    MpiCallbacks mpi;
+    f(tlse::distributed::CallbackCommunicator<Exec>(exec, mpi.callbacks()));
   }
 #if defined(TLSE_ENABLE_NCCL)
   if (std::is_same<Exec, Kokkos::Cuda>::value) {
@@ -327,6 +371,25 @@ TEST(DistributedRing, BackwardAccumulatesIntoItsOutputs) {
   expect_close("dI", to_host(dI2), plus_one(to_host(dI)), tol);
   expect_close("dT", to_host(dT2), plus_one(to_host(dT)), tol);
   expect_close("dscale", to_host(ds2), plus_one(to_host(ds)), tol);
+}
+
+TEST(DistributedErrors, AFailingCallbackThrowsNamingIt) {
+  Kokkos::DefaultHostExecutionSpace exec;
+  MpiCallbacks mpi;
+  mpi.fail_allreduce = true;  // on every rank: the ranks fail together, none is left waiting
+  tlse::distributed::CallbackCommunicator<Kokkos::DefaultHostExecutionSpace> comm(exec, mpi.callbacks());
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> I("I", 3, 4), T("T", 3, 4);
+  Kokkos::View<float*, Kokkos::HostSpace> loss("loss", 1), none;
+  try {
+    tlse::distributed::contrastive_loss(comm, I, T, Kokkos::View<int*, Kokkos::HostSpace>(), loss, none, none);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce callback failed (code 7)"), std::string::npos) << e.what();
+  }
+  tlse::distributed::Callbacks incomplete = mpi.callbacks();
+  incomplete.ring_wait = nullptr;
+  EXPECT_THROW((tlse::distributed::CallbackCommunicator<Kokkos::DefaultHostExecutionSpace>(exec, incomplete)),
+               std::invalid_argument);
 }
 
 TEST(DistributedErrors, MismatchedFeatureCountsFailOnEveryRank) {

@@ -153,6 +153,87 @@ TLSE_API tlse_status tlse_contrastive_backward(tlse_context* context, tlse_devic
                                                const void* dloss, void* dI, void* dT, void* dscale,
                                                const tlse_contrastive_options* options);
 
+/* ---- Distributed calls: the caller's communicator, as callbacks --------------------------- */
+
+/* Element types and reductions of tlse_communicator.allreduce. */
+typedef enum tlse_comm_dtype { TLSE_COMM_F32 = 0, TLSE_COMM_F64 = 1, TLSE_COMM_I32 = 2, TLSE_COMM_I64 = 3 } tlse_comm_dtype;
+typedef enum tlse_comm_op { TLSE_COMM_SUM = 0, TLSE_COMM_MAX = 1 } tlse_comm_op;
+
+/* The caller's communication, for the *_distributed calls: any transport (MPI, NCCL, a framework's
+ * process group) plugs in through these function pointers. Each returns 0 on success; nonzero
+ * makes the call fail with TLSE_ERROR_RUNTIME naming the callback. `user` is passed back
+ * unchanged. Buffers are memory of the call's `device` (device memory for TLSE_DEVICE_CUDA),
+ * except allgather_host's (host memory); they are complete when handed over (the library waits
+ * for its own work first), and received data must be readable by the library's next work on
+ * `stream` when a callback returns (ring_wait: when that transfer is done). Every rank calls the
+ * same callbacks in the same order with the same sizes. */
+typedef struct tlse_communicator {
+  void* user;
+  int rank; /* this process' rank, in [0, size) */
+  int size; /* number of ranks */
+  /* Starts sending `bytes` bytes at `send` to rank+1 and receiving as many from rank-1 into
+   * `recv`; stores a handle for ring_wait in *handle. May return before the transfer is done. */
+  int (*ring_start)(void* user, const void* send, void* recv, size_t bytes, void** handle);
+  /* Waits for the transfer `handle` and releases it. Called exactly once per ring_start. */
+  int (*ring_wait)(void* user, void* handle);
+  /* In place: `data` (`count` elements of tlse_comm_dtype `dtype`) becomes the element-wise
+   * tlse_comm_op `op` over the ranks. Blocking. */
+  int (*allreduce)(void* user, void* data, size_t count, int dtype, int op);
+  /* `recv` (size * bytes bytes) becomes every rank's `bytes` bytes at `send`, in rank order. Blocking. */
+  int (*allgather)(void* user, const void* send, void* recv, size_t bytes);
+  /* As allgather, on host memory (a few hundred bytes: the ranks agree on the arguments). */
+  int (*allgather_host)(void* user, const void* send, void* recv, size_t bytes);
+} tlse_communicator;
+
+/* The distributed calls are collective: every rank of `comm` makes the same call, in the same
+ * order. Every rank checks its arguments, then the ranks agree before any data moves: if one
+ * rank's arguments are bad, or the ranks disagree (feature count, dtype, options ...), every rank
+ * returns TLSE_ERROR_INVALID_ARGUMENT with the same message, naming the argument and the rank.
+ * Only a NULL `comm` or an unusable one (a NULL callback, rank outside [0, size)) fails alone.
+ * options.workspace is not used (the ring buffers are allocated per call). docs/distributed.md
+ * describes the algorithms. */
+
+/* CLIP loss over the global batch B = sum of the ranks' b: this rank's I, T (b x c, b may differ
+ * by rank and be 0) are rows [offset, offset + b) of it, in rank order. labels: b global indices
+ * in [0, B), NULL on every rank for the diagonal. loss: the global loss, the same on every rank;
+ * row_lse, col_lse: this rank's rows, or NULL (the backward needs them). */
+TLSE_API tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                          tlse_device device, void* stream, tlse_dtype dtype,
+                                                          int64_t b, int64_t c, const void* I, const void* T,
+                                                          const int64_t* labels, void* loss, void* row_lse,
+                                                          void* col_lse, const tlse_contrastive_options* options);
+
+/* dloss: 1, the gradient of the global loss (the same on every rank). Writes this rank's dI, dT
+ * and dscale (the global loss' gradient, the same on every rank). dT and dscale must be given on
+ * every rank or on none (a rank with b = 0 follows the others for dT). */
+TLSE_API tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                           tlse_device device, void* stream, tlse_dtype dtype,
+                                                           int64_t b, int64_t c, const void* I, const void* T,
+                                                           const int64_t* labels, const void* row_lse,
+                                                           const void* col_lse, const void* dloss, void* dI,
+                                                           void* dT, void* dscale,
+                                                           const tlse_contrastive_options* options);
+
+/* Vocabulary-parallel cross-entropy: E (n x d) and targets (n, global class ids or ignore_index)
+ * are the same on every rank; C (v x d) and bias (v or NULL) are this rank's shard, classes
+ * [sum of the previous ranks' v, + v) of the global vocabulary. loss and lse (the global ones)
+ * come out the same on every rank. */
+TLSE_API tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                            tlse_device device, void* stream, tlse_dtype dtype,
+                                                            int64_t n, int64_t v, int64_t d, const void* E,
+                                                            const void* C, const void* bias, const int64_t* targets,
+                                                            void* loss, void* lse,
+                                                            const tlse_cross_entropy_options* options);
+
+/* Writes the full dE (the same on every rank; given on every rank or none) and this rank's dC,
+ * dbias shards; any may be NULL. */
+TLSE_API tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                             tlse_device device, void* stream, tlse_dtype dtype,
+                                                             int64_t n, int64_t v, int64_t d, const void* E,
+                                                             const void* C, const void* bias, const int64_t* targets,
+                                                             const void* lse, const void* dloss, void* dE, void* dC,
+                                                             void* dbias, const tlse_cross_entropy_options* options);
+
 #ifdef __cplusplus
 }
 #endif

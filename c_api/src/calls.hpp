@@ -3,6 +3,9 @@
 // pointers (no copies), then the C++ API. Included by the per-dtype translation units only.
 #include "capi.hpp"
 
+#include <tlse/distributed/contrastive_loss.hpp>
+#include <tlse/distributed/cross_entropy.hpp>
+
 namespace tlse::capi {
 
 template <class Exec>
@@ -95,6 +98,56 @@ void contrastive_backward(const Launch& l, const ContrastiveArgs& a) {
   });
 }
 
+template <class T>
+void cross_entropy_forward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
+  using Acc = accumulator_t<T>;
+  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
+  on_exec(l, [&](const auto& exec) {
+    const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
+    distributed::cross_entropy(comm, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d),
+                               vec<const T>(exec, a.bias, a.v), vec<const std::int64_t>(exec, a.targets, a.n),
+                               vec<Acc>(exec, a.loss, loss_size), vec<Acc>(exec, a.lse_out, a.n), a.options);
+  });
+}
+
+template <class T>
+void cross_entropy_backward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
+  using Acc = accumulator_t<T>;
+  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
+  on_exec(l, [&](const auto& exec) {
+    const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
+    distributed::cross_entropy_backward(
+        comm, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
+        vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.lse, a.n),
+        vec<const Acc>(exec, a.dloss, loss_size), mat<T>(exec, a.dE, a.n, a.d), mat<T>(exec, a.dC, a.v, a.d),
+        vec<T>(exec, a.dbias, a.v), a.options);
+  });
+}
+
+template <class T>
+void contrastive_forward_distributed(const Launch& l, const Callbacks& cb, const ContrastiveArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
+    distributed::contrastive_loss(comm, mat<const T>(exec, a.I, a.b, a.c), mat<const T>(exec, a.T, a.b, a.c),
+                                  vec<const std::int64_t>(exec, a.labels, a.b), vec<Acc>(exec, a.loss, 1),
+                                  vec<Acc>(exec, a.row_lse_out, a.b), vec<Acc>(exec, a.col_lse_out, a.b), a.options);
+  });
+}
+
+template <class T>
+void contrastive_backward_distributed(const Launch& l, const Callbacks& cb, const ContrastiveArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
+    distributed::contrastive_loss_backward(
+        comm, mat<const T>(exec, a.I, a.b, a.c), mat<const T>(exec, a.T, a.b, a.c),
+        vec<const std::int64_t>(exec, a.labels, a.b), vec<const Acc>(exec, a.row_lse, a.b),
+        vec<const Acc>(exec, a.col_lse, a.b), vec<const Acc>(exec, a.dloss, 1), mat<T>(exec, a.dI, a.b, a.c),
+        mat<T>(exec, a.dT, a.b, a.c), vec<Acc>(exec, a.dscale, 1), a.options);
+  });
+}
+
 }  // namespace tlse::capi
 
 /// Explicit instantiations of one loss for one storage type (one translation unit each), inside
@@ -102,8 +155,12 @@ void contrastive_backward(const Launch& l, const ContrastiveArgs& a) {
 #define TLSE_CAPI_CROSS_ENTROPY(T)                                                                          \
   template std::size_t cross_entropy_workspace<T>(const Launch&, const CrossEntropyArgs&);     \
   template void cross_entropy_forward<T>(const Launch&, const CrossEntropyArgs&);              \
-  template void cross_entropy_backward<T>(const Launch&, const CrossEntropyArgs&)
+  template void cross_entropy_backward<T>(const Launch&, const CrossEntropyArgs&);                      \
+  template void cross_entropy_forward_distributed<T>(const Launch&, const Callbacks&, const CrossEntropyArgs&); \
+  template void cross_entropy_backward_distributed<T>(const Launch&, const Callbacks&, const CrossEntropyArgs&)
 #define TLSE_CAPI_CONTRASTIVE(T)                                                                            \
   template std::size_t contrastive_workspace<T>(const Launch&, const ContrastiveArgs&);        \
   template void contrastive_forward<T>(const Launch&, const ContrastiveArgs&);                 \
-  template void contrastive_backward<T>(const Launch&, const ContrastiveArgs&)
+  template void contrastive_backward<T>(const Launch&, const ContrastiveArgs&);                      \
+  template void contrastive_forward_distributed<T>(const Launch&, const Callbacks&, const ContrastiveArgs&); \
+  template void contrastive_backward_distributed<T>(const Launch&, const Callbacks&, const ContrastiveArgs&)

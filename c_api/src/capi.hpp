@@ -6,6 +6,7 @@
 
 #include <tlse/contrastive_loss.hpp>
 #include <tlse/cross_entropy.hpp>
+#include <tlse/distributed/callback_communicator.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -74,5 +75,17 @@ template <class T>
 void contrastive_forward(const Launch&, const ContrastiveArgs&);
 template <class T>
 void contrastive_backward(const Launch&, const ContrastiveArgs&);
+
+// The distributed calls take the same arguments (vocab_order and the workspace unused) and the
+// caller's communicator.
+using distributed::Callbacks;
+template <class T>
+void cross_entropy_forward_distributed(const Launch&, const Callbacks&, const CrossEntropyArgs&);
+template <class T>
+void cross_entropy_backward_distributed(const Launch&, const Callbacks&, const CrossEntropyArgs&);
+template <class T>
+void contrastive_forward_distributed(const Launch&, const Callbacks&, const ContrastiveArgs&);
+template <class T>
+void contrastive_backward_distributed(const Launch&, const Callbacks&, const ContrastiveArgs&);
 
 }  // namespace tlse::capi

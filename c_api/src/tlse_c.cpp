@@ -3,6 +3,8 @@
 // instance and the dtype, and turn every exception into a status and a thread-local message.
 #include "capi.hpp"
 
+#include <tlse/distributed/impl/agreement.hpp>
+
 #include <map>
 #include <mutex>
 #include <new>
@@ -237,7 +239,41 @@ void contrastive_inputs(const char* fn, const tlse_context* context, tlse_device
   a.I = I, a.T = T, a.labels = labels;
 }
 
+/// The caller's communicator as the C++ layer's callbacks (the same fields), checked.
+tlse::distributed::Callbacks callbacks_of(const char* fn, const tlse_communicator* comm) {
+  if (!comm) invalid(fn, "comm", "is NULL");
+  tlse::distributed::Callbacks cb;
+  cb.user = comm->user, cb.rank = comm->rank, cb.size = comm->size;
+  cb.ring_start = comm->ring_start, cb.ring_wait = comm->ring_wait, cb.allreduce = comm->allreduce;
+  cb.allgather = comm->allgather, cb.allgather_host = comm->allgather_host;
+  try {  // checks the callbacks and rank/size
+    tlse::distributed::CallbackCommunicator<Kokkos::DefaultHostExecutionSpace> check(
+        Kokkos::DefaultHostExecutionSpace(), cb);
+  } catch (const std::invalid_argument& e) {
+    invalid(fn, "comm", std::string("is unusable: ") + e.what());
+  }
+  return cb;
+}
+
+/// The C layer's checks of a distributed call (`checks`), run on every rank before an agreement:
+/// a rank whose checks fail still takes part in it, so every rank fails with that rank's message
+/// instead of waiting for it in a collective. The context (Kokkos) must exist already.
+template <class Checks>
+void agree(const char* fn, const tlse::distributed::Callbacks& cb, const Checks& checks) {
+  const tlse::distributed::CallbackCommunicator<Kokkos::DefaultHostExecutionSpace> comm(
+      Kokkos::DefaultHostExecutionSpace(), cb);
+  tlse::distributed::impl::Agreement(comm, fn, {}, checks);
+}
+
 }  // namespace
+
+static_assert(int(TLSE_COMM_F32) == tlse::distributed::callback_f32 &&
+                  int(TLSE_COMM_F64) == tlse::distributed::callback_f64 &&
+                  int(TLSE_COMM_I32) == tlse::distributed::callback_i32 &&
+                  int(TLSE_COMM_I64) == tlse::distributed::callback_i64 &&
+                  int(TLSE_COMM_SUM) == tlse::distributed::callback_sum &&
+                  int(TLSE_COMM_MAX) == tlse::distributed::callback_max,
+              "tlse.h's communicator codes are the C++ layer's");
 
 extern "C" {
 
@@ -424,6 +460,123 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                   tlse_device device, void* stream, tlse_dtype dtype, int64_t n,
+                                                   int64_t v, int64_t d, const void* E, const void* C,
+                                                   const void* bias, const int64_t* targets, void* loss, void* lse,
+                                                   const tlse_cross_entropy_options* options) {
+  static const char* fn = "tlse_cross_entropy_forward_distributed";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    const auto cb = callbacks_of(fn, comm);
+    tlse::capi::CrossEntropyArgs a;
+    std::unique_lock<std::mutex> guard;
+    tlse::capi::Launch launch;
+    agree(fn, cb, [&] {
+      a = cross_entropy_args(fn, n, v, d, options);
+      cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
+      check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
+      check_pointer(fn, context, "lse", lse, device);
+      a.loss = loss, a.lse_out = lse;
+      by_dtype(fn, dtype, [](auto) {});
+      guard = std::unique_lock<std::mutex>(context->lock);
+      launch = launch_for(fn, context, device, stream);
+    });
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a); });
+  });
+}
+
+tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                    tlse_device device, void* stream, tlse_dtype dtype, int64_t n,
+                                                    int64_t v, int64_t d, const void* E, const void* C,
+                                                    const void* bias, const int64_t* targets, const void* lse,
+                                                    const void* dloss, void* dE, void* dC, void* dbias,
+                                                    const tlse_cross_entropy_options* options) {
+  static const char* fn = "tlse_cross_entropy_backward_distributed";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    const auto cb = callbacks_of(fn, comm);
+    tlse::capi::CrossEntropyArgs a;
+    std::unique_lock<std::mutex> guard;
+    tlse::capi::Launch launch;
+    agree(fn, cb, [&] {
+      a = cross_entropy_args(fn, n, v, d, options);
+      cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
+      check_required(fn, context, "lse", lse, n, device);
+      check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
+      check_pointer(fn, context, "dE", dE, device);
+      check_pointer(fn, context, "dC", dC, device);
+      check_pointer(fn, context, "dbias", dbias, device);
+      a.lse = lse, a.dloss = dloss;
+      a.dE = dE, a.dC = dC, a.dbias = dbias;
+      by_dtype(fn, dtype, [](auto) {});
+      guard = std::unique_lock<std::mutex>(context->lock);
+      launch = launch_for(fn, context, device, stream);
+    });
+    by_dtype(fn, dtype,
+             [&](auto tag) { tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a); });
+  });
+}
+
+tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                 tlse_device device, void* stream, tlse_dtype dtype, int64_t b,
+                                                 int64_t c, const void* I, const void* T, const int64_t* labels,
+                                                 void* loss, void* row_lse, void* col_lse,
+                                                 const tlse_contrastive_options* options) {
+  static const char* fn = "tlse_contrastive_forward_distributed";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    const auto cb = callbacks_of(fn, comm);
+    tlse::capi::ContrastiveArgs a;
+    std::unique_lock<std::mutex> guard;
+    tlse::capi::Launch launch;
+    agree(fn, cb, [&] {
+      a = contrastive_args(fn, b, c, options);
+      contrastive_inputs(fn, context, device, a, I, T, labels);
+      check_required(fn, context, "loss", loss, 1, device);
+      check_pointer(fn, context, "row_lse", row_lse, device);
+      check_pointer(fn, context, "col_lse", col_lse, device);
+      a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
+      by_dtype(fn, dtype, [](auto) {});
+      guard = std::unique_lock<std::mutex>(context->lock);
+      launch = launch_for(fn, context, device, stream);
+    });
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a); });
+  });
+}
+
+tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const tlse_communicator* comm,
+                                                  tlse_device device, void* stream, tlse_dtype dtype, int64_t b,
+                                                  int64_t c, const void* I, const void* T, const int64_t* labels,
+                                                  const void* row_lse, const void* col_lse, const void* dloss,
+                                                  void* dI, void* dT, void* dscale,
+                                                  const tlse_contrastive_options* options) {
+  static const char* fn = "tlse_contrastive_backward_distributed";
+  return guarded(fn, [&] {
+    check_context(fn, context);
+    const auto cb = callbacks_of(fn, comm);
+    tlse::capi::ContrastiveArgs a;
+    std::unique_lock<std::mutex> guard;
+    tlse::capi::Launch launch;
+    agree(fn, cb, [&] {
+      a = contrastive_args(fn, b, c, options);
+      contrastive_inputs(fn, context, device, a, I, T, labels);
+      check_pointer(fn, context, "row_lse", row_lse, device);
+      check_pointer(fn, context, "col_lse", col_lse, device);
+      check_required(fn, context, "dloss", dloss, 1, device);
+      check_pointer(fn, context, "dI", dI, device);
+      check_pointer(fn, context, "dT", dT, device);
+      check_pointer(fn, context, "dscale", dscale, device);
+      a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
+      a.dI = dI, a.dT = dT, a.dscale = dscale;
+      by_dtype(fn, dtype, [](auto) {});
+      guard = std::unique_lock<std::mutex>(context->lock);
+      launch = launch_for(fn, context, device, stream);
+    });
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a); });
   });
 }
 

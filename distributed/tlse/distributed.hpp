@@ -1,7 +1,8 @@
 #pragma once
 /// \file distributed.hpp
 /// Umbrella header of the distributed layer (link TiledLSE::Distributed): the communicators
-/// this build was configured with, and the distributed losses.
+/// this build was configured with, the callback communicator (always), and the distributed losses.
+#include <tlse/distributed/callback_communicator.hpp>
 #if defined(TLSE_ENABLE_MPI)
 #include <tlse/distributed/mpi_communicator.hpp>
 #endif

@@ -4,4 +4,9 @@ libtiledlse_c (ctypes); see docs/python.md."""
 from ._functions import contrastive_loss, linear_cross_entropy
 from ._library import TiledLSEError, library_path, version as __version__
 
+import torch.distributed as _dist
+
+if _dist.is_available():  # tiledlse.distributed: the losses over a torch.distributed process group
+    from . import distributed
+
 __all__ = ["linear_cross_entropy", "contrastive_loss", "TiledLSEError", "library_path", "__version__"]

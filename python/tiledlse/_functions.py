@@ -103,8 +103,11 @@ def _filter_eps(filter_eps):
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    """One device, or vocabulary-parallel when `comm` (a distributed._Communicator) is given:
+    then c and bias are this rank's shard, and the calls are the C API's *_distributed ones."""
+
     @staticmethod
-    def forward(ctx, e, c, bias, targets, options, want_order):
+    def forward(ctx, e, c, bias, targets, options, want_order, comm=None):
         ctx_, device, stream = _launch("e", e)
         n, d = e.shape
         v = c.shape[0]
@@ -113,12 +116,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = torch.empty((n,) if options.reduction == L.REDUCTIONS["none"] else (), dtype=acc, device=e.device)
         lse = torch.empty((n,), dtype=acc, device=e.device)
         order = torch.empty((v,), dtype=torch.int32, device=e.device) if want_order else None
-        workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device, stream,
-                                    dtype, n, v, d)
-        L.call("tlse_cross_entropy_forward", ctx_, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
-               _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order), ctypes.byref(options))
+        if comm is None:
+            workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device,
+                                        stream, dtype, n, v, d)
+            L.call("tlse_cross_entropy_forward", ctx_, device, stream, dtype, n, v, d, _ptr(e), _ptr(c),
+                   _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order), ctypes.byref(options))
+        else:
+            comm.call("tlse_cross_entropy_forward_distributed", ctx_, device, stream, dtype, n, v, d, _ptr(e),
+                      _ptr(c), _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), ctypes.byref(options))
         ctx.save_for_backward(e, c, bias, targets, lse, order)
-        ctx.options = options
+        ctx.options, ctx.comm = options, comm
         ctx.mark_non_differentiable(lse)
         return loss, lse
 
@@ -134,12 +141,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         de = torch.empty_like(e) if ctx.needs_input_grad[0] else None
         dc = torch.empty_like(c) if ctx.needs_input_grad[1] else None
         dbias = torch.empty_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device, stream,
-                                    _DTYPES[e.dtype], n, v, d)
-        L.call("tlse_cross_entropy_backward", ctx_, device, stream, _DTYPES[e.dtype], n, v, d, _ptr(e), _ptr(c),
-               _ptr(bias), _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
-               ctypes.byref(options))
-        return de, dc, dbias, None, None, None
+        if ctx.comm is None:
+            workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device,
+                                        stream, _DTYPES[e.dtype], n, v, d)
+            L.call("tlse_cross_entropy_backward", ctx_, device, stream, _DTYPES[e.dtype], n, v, d, _ptr(e), _ptr(c),
+                   _ptr(bias), _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc),
+                   _ptr(dbias), ctypes.byref(options))
+        else:
+            ctx.comm.call("tlse_cross_entropy_backward_distributed", ctx_, device, stream, _DTYPES[e.dtype], n, v, d,
+                          _ptr(e), _ptr(c), _ptr(bias), _ptr(targets), _ptr(lse), _ptr(dloss), _ptr(de), _ptr(dc),
+                          _ptr(dbias), ctypes.byref(options))
+        return de, dc, dbias, None, None, None, None
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
@@ -156,6 +168,18 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
     e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
     """
+    e2, targets, options, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
+                                                                  reduction, shift, filter_eps, z_loss)
+    # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
+    # classes; it costs a host sort of V entries, worth it only when filtering and training.
+    want_order = options.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
+    loss, lse = _LinearCrossEntropy.apply(e2, c, bias, targets, options, want_order)
+    return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
+
+
+def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss):
+    """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), options,
+    the batch shape)."""
     _check_tensor("e", e)
     if e.dim() < 1:
         raise ValueError("argument 'e' must have shape (..., D), got a 0-d tensor")
@@ -193,11 +217,11 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     options.softcap = 0.0 if softcap is None else _number("softcap", softcap)
     options.z_loss = _number("z_loss", z_loss)
     options.filter_eps = _filter_eps(filter_eps)
-    # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
-    # classes; it costs a host sort of V entries, worth it only when filtering and training.
-    want_order = options.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
-    loss, lse = _LinearCrossEntropy.apply(e.reshape(-1, e.shape[-1]), c, bias, targets.reshape(-1), options,
-                                          want_order)
+    return e.reshape(-1, e.shape[-1]), targets.reshape(-1), options, batch_shape
+
+
+def _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse):
+    """The flat results in the batch's shape."""
     if reduction == "none":
         loss = loss.view(batch_shape)
     lse = lse.view(batch_shape)
@@ -205,8 +229,11 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
 
 
 class _ContrastiveLoss(torch.autograd.Function):
+    """One device, or over the ranks of `comm` (a distributed._Communicator): then image and
+    text are this rank's rows of the global batch, and the calls are the *_distributed ones."""
+
     @staticmethod
-    def forward(ctx, image, text, scale, labels, options):
+    def forward(ctx, image, text, scale, labels, options, comm=None):
         ctx_, device, stream = _launch("image", image)
         b, c = image.shape
         acc = _acc_dtype(image.dtype)
@@ -214,12 +241,16 @@ class _ContrastiveLoss(torch.autograd.Function):
         loss = torch.empty((), dtype=acc, device=image.device)
         row_lse = torch.empty((b,), dtype=acc, device=image.device)
         col_lse = torch.empty((b,), dtype=acc, device=image.device) if options.direction == L.SYMMETRIC else None
-        workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device, stream,
-                                    dtype, b, c)
-        L.call("tlse_contrastive_forward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
-               _ptr(loss), _ptr(row_lse), _ptr(col_lse), ctypes.byref(options))
+        if comm is None:
+            workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device,
+                                        stream, dtype, b, c)
+            L.call("tlse_contrastive_forward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text),
+                   _ptr(labels), _ptr(loss), _ptr(row_lse), _ptr(col_lse), ctypes.byref(options))
+        else:
+            comm.call("tlse_contrastive_forward_distributed", ctx_, device, stream, dtype, b, c, _ptr(image),
+                      _ptr(text), _ptr(labels), _ptr(loss), _ptr(row_lse), _ptr(col_lse), ctypes.byref(options))
         ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
-        ctx.options = options
+        ctx.options, ctx.comm = options, comm
         return loss
 
     @staticmethod
@@ -234,13 +265,19 @@ class _ContrastiveLoss(torch.autograd.Function):
         di = torch.empty_like(image) if ctx.needs_input_grad[0] else None
         dt = torch.empty_like(text) if ctx.needs_input_grad[1] else None
         dscale = torch.empty((), dtype=row_lse.dtype, device=image.device) if ctx.needs_input_grad[2] else None
-        workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device, stream,
-                                    dtype, b, c)
-        L.call("tlse_contrastive_backward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
-               _ptr(row_lse), _ptr(col_lse), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale), ctypes.byref(options))
+        if ctx.comm is None:
+            workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device,
+                                        stream, dtype, b, c)
+            L.call("tlse_contrastive_backward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text),
+                   _ptr(labels), _ptr(row_lse), _ptr(col_lse), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale),
+                   ctypes.byref(options))
+        else:
+            ctx.comm.call("tlse_contrastive_backward_distributed", ctx_, device, stream, dtype, b, c, _ptr(image),
+                          _ptr(text), _ptr(labels), _ptr(row_lse), _ptr(col_lse), _ptr(dloss), _ptr(di), _ptr(dt),
+                          _ptr(dscale), ctypes.byref(options))
         if dscale is not None:
             dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape)
-        return di, dt, dscale, None, None
+        return di, dt, dscale, None, None, None
 
 
 def contrastive_loss(image, text, scale, labels=None, symmetric=True):
@@ -253,6 +290,12 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True):
     symmetric: average of image-to-text and text-to-image (CLIP); False: image-to-text only.
     Returns a 0-d loss (float32, float64 for float64 inputs).
     """
+    scale, options = _contrastive_arguments(image, text, scale, labels, symmetric)
+    return _ContrastiveLoss.apply(image, text, scale, labels, options)
+
+
+def _contrastive_arguments(image, text, scale, labels, symmetric):
+    """Checks contrastive_loss's arguments; returns (scale as a tensor, options)."""
     _check_tensor("image", image, ndim=2)
     _check_tensor("text", text, like=image, like_name="image", ndim=2)
     if tuple(text.shape) != tuple(image.shape):
@@ -280,4 +323,4 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True):
     options = L.ContrastiveOptions()
     options.scale = value
     options.direction = L.SYMMETRIC if symmetric else L.IMAGE_TO_TEXT
-    return _ContrastiveLoss.apply(image, text, scale, labels, options)
+    return scale, options

@@ -50,6 +50,31 @@ class ContrastiveOptions(ctypes.Structure):
     ]
 
 
+# tlse_communicator (tlse.h): the caller's collectives as C callbacks; see distributed.py.
+RING_START = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.POINTER(ctypes.c_void_p))
+RING_WAIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+ALLREDUCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                             ctypes.c_int)
+ALLGATHER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+# tlse_comm_dtype, tlse_comm_op
+COMM_F32, COMM_F64, COMM_I32, COMM_I64 = 0, 1, 2, 3
+COMM_SUM, COMM_MAX = 0, 1
+
+
+class Communicator(ctypes.Structure):
+    _fields_ = [
+        ("user", ctypes.c_void_p),
+        ("rank", ctypes.c_int),
+        ("size", ctypes.c_int),
+        ("ring_start", RING_START),
+        ("ring_wait", RING_WAIT),
+        ("allreduce", ALLREDUCE),
+        ("allgather", ALLGATHER),
+        ("allgather_host", ALLGATHER),
+    ]
+
+
 def _candidates():
     env = os.environ.get("TILEDLSE_LIBRARY")
     if env:
@@ -123,6 +148,26 @@ _signatures = {
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p,
          ctypes.POINTER(ContrastiveOptions)],
+    ),
+    "tlse_cross_entropy_forward_distributed": (
+        _status,
+        [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p,
+         _p, ctypes.POINTER(CrossEntropyOptions)],
+    ),
+    "tlse_cross_entropy_backward_distributed": (
+        _status,
+        [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p,
+         _p, _p, _p, _p, ctypes.POINTER(CrossEntropyOptions)],
+    ),
+    "tlse_contrastive_forward_distributed": (
+        _status,
+        [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, _p,
+         ctypes.POINTER(ContrastiveOptions)],
+    ),
+    "tlse_contrastive_backward_distributed": (
+        _status,
+        [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, _p, _p,
+         _p, _p, ctypes.POINTER(ContrastiveOptions)],
     ),
 }
 for _name, (_restype, _argtypes) in _signatures.items():
