@@ -38,7 +38,7 @@ def main():
         ax.set_xscale("log")
         ax.set_xlabel("ms (log scale)")
         ax.set_title(title)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     axes[0].set_yticks(range(len(cases)))
     axes[0].set_yticklabels([c["name"] for c in cases], fontsize=8)
     axes[0].invert_yaxis()
