@@ -265,6 +265,96 @@ void agree(const char* fn, const tlse::distributed::Callbacks& cb, const Checks&
   tlse::distributed::impl::Agreement(comm, fn, {}, checks);
 }
 
+/// A distributed call: the C layer's checks (`make_args`, which returns the checked arguments)
+/// and the dtype agreed on by every rank, then `run(dtype tag, launch, callbacks, args)` under
+/// the context's lock.
+template <class MakeArgs, class Run>
+void distributed_call(const char* fn, tlse_context* context, const tlse_communicator* comm, tlse_device device,
+                      void* stream, tlse_dtype dtype, const MakeArgs& make_args, const Run& run) {
+  check_context(fn, context);
+  const auto cb = callbacks_of(fn, comm);
+  decltype(make_args()) a;
+  std::unique_lock<std::mutex> guard;
+  tlse::capi::Launch launch;
+  agree(fn, cb, [&] {
+    a = make_args();
+    by_dtype(fn, dtype, [](auto) {});
+    guard = std::unique_lock<std::mutex>(context->lock);
+    launch = launch_for(fn, context, device, stream);
+  });
+  by_dtype(fn, dtype, [&](auto tag) { run(tag, launch, cb, a); });
+}
+
+/// The checked arguments of a cross-entropy forward, single-device or distributed (no vocab_order).
+tlse::capi::CrossEntropyArgs cross_entropy_forward_args(const char* fn, const tlse_context* context,
+                                                        tlse_device device, int64_t n, int64_t v, int64_t d,
+                                                        const void* E, const void* C, const void* bias,
+                                                        const int64_t* targets, void* loss, void* lse,
+                                                        int32_t* vocab_order,
+                                                        const tlse_cross_entropy_options* options) {
+  auto a = cross_entropy_args(fn, n, v, d, options);
+  cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
+  check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
+  check_pointer(fn, context, "lse", lse, device);
+  check_pointer(fn, context, "vocab_order", vocab_order, device);
+  a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
+  return a;
+}
+
+/// The checked arguments of a cross-entropy backward, single-device or distributed (no vocab_order).
+tlse::capi::CrossEntropyArgs cross_entropy_backward_args(const char* fn, const tlse_context* context,
+                                                         tlse_device device, int64_t n, int64_t v, int64_t d,
+                                                         const void* E, const void* C, const void* bias,
+                                                         const int64_t* targets, const void* lse,
+                                                         const int32_t* vocab_order, const void* dloss, void* dE,
+                                                         void* dC, void* dbias,
+                                                         const tlse_cross_entropy_options* options) {
+  auto a = cross_entropy_args(fn, n, v, d, options);
+  cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
+  check_required(fn, context, "lse", lse, n, device);
+  check_pointer(fn, context, "vocab_order", vocab_order, device);
+  check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
+  check_pointer(fn, context, "dE", dE, device);
+  check_pointer(fn, context, "dC", dC, device);
+  check_pointer(fn, context, "dbias", dbias, device);
+  a.lse = lse, a.order = vocab_order, a.dloss = dloss;
+  a.dE = dE, a.dC = dC, a.dbias = dbias;
+  return a;
+}
+
+/// The checked arguments of a contrastive forward, single-device or distributed.
+tlse::capi::ContrastiveArgs contrastive_forward_args(const char* fn, const tlse_context* context, tlse_device device,
+                                                     int64_t b, int64_t c, const void* I, const void* T,
+                                                     const int64_t* labels, void* loss, void* row_lse, void* col_lse,
+                                                     const tlse_contrastive_options* options) {
+  auto a = contrastive_args(fn, b, c, options);
+  contrastive_inputs(fn, context, device, a, I, T, labels);
+  check_required(fn, context, "loss", loss, 1, device);
+  check_pointer(fn, context, "row_lse", row_lse, device);
+  check_pointer(fn, context, "col_lse", col_lse, device);
+  a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
+  return a;
+}
+
+/// The checked arguments of a contrastive backward, single-device or distributed.
+tlse::capi::ContrastiveArgs contrastive_backward_args(const char* fn, const tlse_context* context, tlse_device device,
+                                                      int64_t b, int64_t c, const void* I, const void* T,
+                                                      const int64_t* labels, const void* row_lse, const void* col_lse,
+                                                      const void* dloss, void* dI, void* dT, void* dscale,
+                                                      const tlse_contrastive_options* options) {
+  auto a = contrastive_args(fn, b, c, options);
+  contrastive_inputs(fn, context, device, a, I, T, labels);
+  check_pointer(fn, context, "row_lse", row_lse, device);
+  check_pointer(fn, context, "col_lse", col_lse, device);
+  check_required(fn, context, "dloss", dloss, 1, device);
+  check_pointer(fn, context, "dI", dI, device);
+  check_pointer(fn, context, "dT", dT, device);
+  check_pointer(fn, context, "dscale", dscale, device);
+  a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
+  a.dI = dI, a.dT = dT, a.dscale = dscale;
+  return a;
+}
+
 }  // namespace
 
 static_assert(int(TLSE_COMM_F32) == tlse::distributed::callback_f32 &&
@@ -371,12 +461,8 @@ tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device
   static const char* fn = "tlse_cross_entropy_forward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    auto a = cross_entropy_args(fn, n, v, d, options);
-    cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
-    check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
-    check_pointer(fn, context, "lse", lse, device);
-    check_pointer(fn, context, "vocab_order", vocab_order, device);
-    a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
+    const auto a = cross_entropy_forward_args(fn, context, device, n, v, d, E, C, bias, targets, loss, lse,
+                                              vocab_order, options);
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
@@ -391,16 +477,8 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
   static const char* fn = "tlse_cross_entropy_backward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    auto a = cross_entropy_args(fn, n, v, d, options);
-    cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
-    check_required(fn, context, "lse", lse, n, device);
-    check_pointer(fn, context, "vocab_order", vocab_order, device);
-    check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
-    check_pointer(fn, context, "dE", dE, device);
-    check_pointer(fn, context, "dC", dC, device);
-    check_pointer(fn, context, "dbias", dbias, device);
-    a.lse = lse, a.order = vocab_order, a.dloss = dloss;
-    a.dE = dE, a.dC = dC, a.dbias = dbias;
+    const auto a = cross_entropy_backward_args(fn, context, device, n, v, d, E, C, bias, targets, lse, vocab_order,
+                                               dloss, dE, dC, dbias, options);
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
@@ -428,12 +506,7 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
   static const char* fn = "tlse_contrastive_forward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    auto a = contrastive_args(fn, b, c, options);
-    contrastive_inputs(fn, context, device, a, I, T, labels);
-    check_required(fn, context, "loss", loss, 1, device);
-    check_pointer(fn, context, "row_lse", row_lse, device);
-    check_pointer(fn, context, "col_lse", col_lse, device);
-    a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
+    const auto a = contrastive_forward_args(fn, context, device, b, c, I, T, labels, loss, row_lse, col_lse, options);
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
@@ -447,16 +520,8 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
   static const char* fn = "tlse_contrastive_backward";
   return guarded(fn, [&] {
     check_context(fn, context);
-    auto a = contrastive_args(fn, b, c, options);
-    contrastive_inputs(fn, context, device, a, I, T, labels);
-    check_pointer(fn, context, "row_lse", row_lse, device);
-    check_pointer(fn, context, "col_lse", col_lse, device);
-    check_required(fn, context, "dloss", dloss, 1, device);
-    check_pointer(fn, context, "dI", dI, device);
-    check_pointer(fn, context, "dT", dT, device);
-    check_pointer(fn, context, "dscale", dscale, device);
-    a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
-    a.dI = dI, a.dT = dT, a.dscale = dscale;
+    const auto a = contrastive_backward_args(fn, context, device, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
+                                             dscale, options);
     std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
@@ -470,22 +535,15 @@ tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const 
                                                    const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward_distributed";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto cb = callbacks_of(fn, comm);
-    tlse::capi::CrossEntropyArgs a;
-    std::unique_lock<std::mutex> guard;
-    tlse::capi::Launch launch;
-    agree(fn, cb, [&] {
-      a = cross_entropy_args(fn, n, v, d, options);
-      cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
-      check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
-      check_pointer(fn, context, "lse", lse, device);
-      a.loss = loss, a.lse_out = lse;
-      by_dtype(fn, dtype, [](auto) {});
-      guard = std::unique_lock<std::mutex>(context->lock);
-      launch = launch_for(fn, context, device, stream);
-    });
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a); });
+    distributed_call(
+        fn, context, comm, device, stream, dtype,
+        [&] {
+          return cross_entropy_forward_args(fn, context, device, n, v, d, E, C, bias, targets, loss, lse, nullptr,
+                                            options);
+        },
+        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+          tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a);
+        });
   });
 }
 
@@ -497,27 +555,15 @@ tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const
                                                     const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward_distributed";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto cb = callbacks_of(fn, comm);
-    tlse::capi::CrossEntropyArgs a;
-    std::unique_lock<std::mutex> guard;
-    tlse::capi::Launch launch;
-    agree(fn, cb, [&] {
-      a = cross_entropy_args(fn, n, v, d, options);
-      cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
-      check_required(fn, context, "lse", lse, n, device);
-      check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
-      check_pointer(fn, context, "dE", dE, device);
-      check_pointer(fn, context, "dC", dC, device);
-      check_pointer(fn, context, "dbias", dbias, device);
-      a.lse = lse, a.dloss = dloss;
-      a.dE = dE, a.dC = dC, a.dbias = dbias;
-      by_dtype(fn, dtype, [](auto) {});
-      guard = std::unique_lock<std::mutex>(context->lock);
-      launch = launch_for(fn, context, device, stream);
-    });
-    by_dtype(fn, dtype,
-             [&](auto tag) { tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a); });
+    distributed_call(
+        fn, context, comm, device, stream, dtype,
+        [&] {
+          return cross_entropy_backward_args(fn, context, device, n, v, d, E, C, bias, targets, lse, nullptr, dloss,
+                                             dE, dC, dbias, options);
+        },
+        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+          tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a);
+        });
   });
 }
 
@@ -528,23 +574,12 @@ tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tl
                                                  const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_forward_distributed";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto cb = callbacks_of(fn, comm);
-    tlse::capi::ContrastiveArgs a;
-    std::unique_lock<std::mutex> guard;
-    tlse::capi::Launch launch;
-    agree(fn, cb, [&] {
-      a = contrastive_args(fn, b, c, options);
-      contrastive_inputs(fn, context, device, a, I, T, labels);
-      check_required(fn, context, "loss", loss, 1, device);
-      check_pointer(fn, context, "row_lse", row_lse, device);
-      check_pointer(fn, context, "col_lse", col_lse, device);
-      a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
-      by_dtype(fn, dtype, [](auto) {});
-      guard = std::unique_lock<std::mutex>(context->lock);
-      launch = launch_for(fn, context, device, stream);
-    });
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a); });
+    distributed_call(
+        fn, context, comm, device, stream, dtype,
+        [&] { return contrastive_forward_args(fn, context, device, b, c, I, T, labels, loss, row_lse, col_lse, options); },
+        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+          tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a);
+        });
   });
 }
 
@@ -556,27 +591,15 @@ tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const t
                                                   const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_backward_distributed";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto cb = callbacks_of(fn, comm);
-    tlse::capi::ContrastiveArgs a;
-    std::unique_lock<std::mutex> guard;
-    tlse::capi::Launch launch;
-    agree(fn, cb, [&] {
-      a = contrastive_args(fn, b, c, options);
-      contrastive_inputs(fn, context, device, a, I, T, labels);
-      check_pointer(fn, context, "row_lse", row_lse, device);
-      check_pointer(fn, context, "col_lse", col_lse, device);
-      check_required(fn, context, "dloss", dloss, 1, device);
-      check_pointer(fn, context, "dI", dI, device);
-      check_pointer(fn, context, "dT", dT, device);
-      check_pointer(fn, context, "dscale", dscale, device);
-      a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
-      a.dI = dI, a.dT = dT, a.dscale = dscale;
-      by_dtype(fn, dtype, [](auto) {});
-      guard = std::unique_lock<std::mutex>(context->lock);
-      launch = launch_for(fn, context, device, stream);
-    });
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a); });
+    distributed_call(
+        fn, context, comm, device, stream, dtype,
+        [&] {
+          return contrastive_backward_args(fn, context, device, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
+                                           dscale, options);
+        },
+        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+          tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a);
+        });
   });
 }
 
