@@ -236,8 +236,7 @@ TYPED_TEST(CrossEntropy, NegativeInfinityMasks) {
 
 TYPED_TEST(CrossEntropy, DefaultGradientFilterStaysWithinBound) {
   TLSE_SEEDED(rng);
-  tlse::CrossEntropyOptions o;  // filter_eps_auto
-  this->check({70, 300, 32, o, 6.0, 0.1, true}, rng);
+  this->check({70, 300, 32, tlse::CrossEntropyOptions{} /* filter_eps_auto */, 6.0, 0.1, true}, rng);
 }
 
 TYPED_TEST(CrossEntropy, GradientFilterSkipsWholeTilesWithinBound) {
