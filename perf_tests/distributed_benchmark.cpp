@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -60,6 +61,11 @@ double timed_median(const Exec& exec, int iterations, const Step& step) {
   return ms[ms.size() / 2];
 }
 
+/// This rank's share of `total` items split as evenly as possible over `ranks`: {count, offset}.
+std::pair<long, long> share_of(long total, int rank, int ranks) {
+  return {total / ranks + (rank < total % ranks ? 1 : 0), rank * (total / ranks) + std::min<long>(rank, total % ranks)};
+}
+
 /// Vocabulary-parallel cross-entropy: E (N x D, logits of std ~4 as in the single-GPU benchmarks)
 /// and targets on every rank, this rank's shard of C.
 template <class T, class Comm>
@@ -69,7 +75,8 @@ int run_cross_entropy(const Setup& s, const Comm& comm) {
   using Acc = tlse::accumulator_t<T>;
   const int rank = comm.rank(), n = comm.size();
   const long N = s.B, D = s.c, V = s.V;
-  const long v = V / n + (rank < V % n ? 1 : 0), voff = rank * (V / n) + std::min<long>(rank, V % n);
+  const std::pair<long, long> shard = share_of(V, rank, n);  // named: lambdas cannot capture bindings
+  const long v = shard.first, voff = shard.second;
   Kokkos::View<T**, Kokkos::LayoutRight, Mem> E("E", N, D), C("C", v, D), dE("dE", N, D), dC("dC", v, D);
   Kokkos::View<int*, Mem> targets("targets", N);
   Kokkos::parallel_for(
@@ -104,7 +111,8 @@ int run(const Setup& s, const Comm& comm) {
   using Mem = typename Exec::memory_space;
   using Acc = tlse::accumulator_t<T>;
   const int rank = comm.rank(), n = comm.size();
-  const long b = s.B / n + (rank < s.B % n ? 1 : 0), off = rank * (s.B / n) + std::min<long>(rank, s.B % n);
+  const std::pair<long, long> block = share_of(s.B, rank, n);
+  const long b = block.first, off = block.second;
   Kokkos::View<T**, Kokkos::LayoutRight, Mem> I("I", b, s.c), T_("T", b, s.c), dI("dI", b, s.c), dT("dT", b, s.c);
   const long c = s.c;
   Kokkos::parallel_for(

@@ -141,7 +141,7 @@ struct GradientEpilogue {
         if (p.row_scale) {
           const float rs = row_scale_for(fabsf(scale) * (own.bound() + *p.other_bound));
           g_scale *= rs;
-          if (o_ok && blockIdx.y == 0 && w.wn == 0 && (w.lane & 3) == 0) p.row_scale[o - p.a_begin] = rs;
+          if (o_ok && ct == 0 && w.wn == 0 && (w.lane & 3) == 0) p.row_scale[o - p.a_begin] = rs;
         }
         float sum = 0;
       #pragma unroll
@@ -257,12 +257,7 @@ __global__ void __launch_bounds__(THREADS, 2)
   };
 
   TileAccumulator acc;
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
-  #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-    #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+  clear(acc);
   // Loads are issued in K order, one per commit group, `issued` so far; step `it` computes the
   // it-th kept K step, which the wait below guarantees has landed (as in nt_sweep).
   int next = next_kept(kt_begin), issued = 0;
@@ -281,9 +276,7 @@ __global__ void __launch_bounds__(THREADS, 2)
   #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned a[4][4], b[4][2];
-    #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
+      load_a_fragments(a, sa, w, kk);
       if constexpr (HALVES == 1) {
       #pragma unroll
         for (int p = 0; p < 2; ++p) {
@@ -298,12 +291,7 @@ __global__ void __launch_bounds__(THREADS, 2)
       #pragma unroll
         for (int nt = 0; nt < 4; ++nt) b[nt][0] = sbw[k * LDSB + n + nt * 8], b[nt][1] = sbw[(k + 4) * LDSB + n + nt * 8];
       }
-      MmaOp<T>::prepare(&a[0][0], 16);
-      MmaOp<T>::prepare(&b[0][0], 8);
-    #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-      #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
+      mma_warp_tile<T>(acc, a, b);
     }
   }
   cp_async_wait<0>();

@@ -32,6 +32,36 @@ struct WarpPosition {
   __device__ int col(int nt, int j) const { return wn * 32 + nt * 8 + (lane & 3) * 2 + j; }
 };
 
+/// Zeroes a warp's accumulator (before a tile, and after the epilogue has consumed it).
+__device__ __forceinline__ void clear(TileAccumulator& acc) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+  #pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+    #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+}
+
+/// The warp's 4 A fragments (rows wm * 64 + 16 mt) at depth kk of a stage whose A rows are
+/// LDS halves apart: the layout of both the sweep and the gradient product.
+__device__ __forceinline__ void load_a_fragments(unsigned (&a)[4][4], const std::uint16_t* sa, const WarpPosition& w,
+                                                 int kk) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+    ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
+}
+
+/// acc += a b over the warp's 4 x 4 mma tiles (operands converted first where MmaOp needs it).
+template <class T>
+__device__ __forceinline__ void mma_warp_tile(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
+  MmaOp<T>::prepare(&a[0][0], 16);
+  MmaOp<T>::prepare(&b[0][0], 8);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+  #pragma unroll
+    for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
+}
+
 /// Sweeps column tiles [ct_begin, ct_end) of B against rows [row0, row0 + BM) of A (positions
 /// at or past a_end read as zero). Calls epi.column_tile(acc, ct) after each column tile, with
 /// every thread of the block, then clears the accumulator. Needs SWEEP_SMEM_BYTES of dynamic
@@ -74,12 +104,7 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
   };
 
   TileAccumulator acc;
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
-  #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-    #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+  clear(acc);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -96,9 +121,7 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
   #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned a[4][4], b[4][2];
-    #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
+      load_a_fragments(a, sa, w, kk);
     #pragma unroll
       for (int p = 0; p < 2; ++p) {
         unsigned r[4];
@@ -106,21 +129,11 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
                                     ((w.lane >> 3) & 1) * 8));
         b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
       }
-      MmaOp<T>::prepare(&a[0][0], 16);
-      MmaOp<T>::prepare(&b[0][0], 8);
-    #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-      #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
+      mma_warp_tile<T>(acc, a, b);
     }
     if (it % KT != KT - 1) continue;
     epi.column_tile(acc, ct_begin + it / KT);
-  #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-    #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-      #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+    clear(acc);
   }
   cp_async_wait<0>();
 }
