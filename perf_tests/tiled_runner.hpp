@@ -38,10 +38,11 @@ class TiledContrastive {
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
   TiledContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale,
-                   Precision precision = Precision::exact)
+                   Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default)
       : exec_(exec), I_(I), T_(Tx), row_lse_("row_lse", I.extent(0)), col_lse_("col_lse", I.extent(0)) {
     opts_.scale = scale;
     opts_.precision = precision;
+    opts_.memory_budget = memory_budget;
     workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", contrastive_loss_workspace_bytes(exec, I, Tx, opts_));
     opts_.workspace = {workspace_.data(), workspace_.size()};
     Kokkos::deep_copy(dloss_, Acc(1));
@@ -79,9 +80,10 @@ class TiledCrossEntropy {
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
   TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets,
-                    Precision precision = Precision::exact)
+                    Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default)
       : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)) {
     opts_.precision = precision;
+    opts_.memory_budget = memory_budget;
     workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", cross_entropy_workspace_bytes(exec, E, C, opts_));
     opts_.workspace = {workspace_.data(), workspace_.size()};
     Kokkos::deep_copy(dloss_, Acc(1));

@@ -2,6 +2,8 @@
 // The command line of `tlse`: a subcommand, its sizes and a few flags. Parsing does not touch
 // Kokkos, so --help and usage errors answer before Kokkos starts; --kokkos-* arguments are
 // skipped here and left to Kokkos::initialize.
+#include <tlse/options.hpp>
+
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +22,7 @@ struct Options {
   std::int64_t batch = 0, tokens = 0, dim = 0, vocab = 0;
   DType dtype = DType::f32;
   bool tf32 = false;  // --precision tf32
+  std::size_t memory_budget = memory_budget_default;  // --memory-budget MiB
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -58,6 +61,8 @@ common options:
   --check                    compare loss and gradients (of TiledLSE and of the baseline) with
                              the float64 reference, which materializes everything and costs
                              O(rows x cols x dim) serial work; exit 1 on a mismatch
+  --memory-budget MiB        workspace the calls may use (default 256); each picks the fastest
+                             algorithm that fits (docs/options.md)
   --precision exact|tf32     f32 only: tf32 lets the CUDA tensor cores multiply in TF32
                              (tlse::Precision::tf32; default exact)
   --kokkos-...               passed to Kokkos (e.g. --kokkos-threads=2)
@@ -168,6 +173,10 @@ inline Options parse_command_line(int argc, const char* const* argv) {
       const std::string& p = next();
       if (p != "exact" && p != "tf32") throw UsageError(flag + " expects exact or tf32, got '" + p + "'");
       o.tf32 = p == "tf32";
+    } else if (flag == "--memory-budget") {
+      const std::int64_t mib = detail::positive_integer(flag, next());
+      if (mib > (std::int64_t(1) << 30)) throw UsageError(flag + " is in MiB and at most 2^30, got '" + std::to_string(mib) + "'");
+      o.memory_budget = std::size_t(mib) << 20;
     } else if (flag == "--iterations") {
       const std::int64_t k_it = detail::positive_integer(flag, next());
       if (k_it > 1000000) throw UsageError(flag + " must be at most 1000000, got '" + std::to_string(k_it) + "'");

@@ -63,7 +63,7 @@ int run_contrastive(const Options& o) {
 
   std::vector<Outcome> outcomes;
   {
-    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale, precision(o));
+    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale, precision(o), o.memory_budget);
     outcomes.push_back(measure<T>(o, "TiledLSE", tiled, b, b, c));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
                                   " + saved row/column LSEs; plus team scratch " +
@@ -99,7 +99,7 @@ int run_cross_entropy(const Options& o) {
 
   std::vector<Outcome> outcomes;
   {
-    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o));
+    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget);
     outcomes.push_back(measure<T>(o, "TiledLSE", tiled, N, V, D));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
                                   " + saved LSEs; plus team scratch " +

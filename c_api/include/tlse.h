@@ -64,6 +64,8 @@ typedef struct tlse_cross_entropy_options {
   int32_t reserved;     /* must be 0 */
   void* workspace;      /* NULL (default): allocated and freed by each call; else see *_workspace_bytes */
   size_t workspace_bytes;
+  uint64_t memory_budget; /* bytes of workspace a call may use (it picks the fastest algorithm that fits);
+                             0 (default): 256 MiB. docs/options.md */
 } tlse_cross_entropy_options;
 
 typedef struct tlse_contrastive_options {
@@ -74,6 +76,7 @@ typedef struct tlse_contrastive_options {
   int32_t reserved;     /* must be 0 */
   void* workspace;
   size_t workspace_bytes;
+  uint64_t memory_budget; /* as tlse_cross_entropy_options.memory_budget */
 } tlse_contrastive_options;
 
 typedef struct tlse_context tlse_context;

@@ -156,6 +156,7 @@ tlse::CrossEntropyOptions convert(const char* function, const tlse_cross_entropy
   r.accumulate = o.accumulate != 0;
   r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
   r.workspace = {o.workspace, o.workspace_bytes};
+  r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
   return r;
 }
 
@@ -174,6 +175,7 @@ tlse::ContrastiveOptions convert(const char* function, const tlse_contrastive_op
   r.accumulate = o.accumulate != 0;
   r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
   r.workspace = {o.workspace, o.workspace_bytes};
+  r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
   return r;
 }
 

@@ -19,6 +19,8 @@ struct ContrastiveOptions {
   Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
   /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
+  /// bytes of workspace the calls may use; each picks the fastest algorithm that fits (see memory_budget_default)
+  std::size_t memory_budget = memory_budget_default;
   /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
 };
@@ -43,10 +45,11 @@ struct ContrastiveCore {
   bool want_col;
 
   /// The larger of the forward's and the backward's workspace.
-  static std::size_t workspace_bytes(const Exec& exec, index_t b, index_t depth, bool want_col, Precision p) {
+  static std::size_t workspace_bytes(const Exec& exec, index_t b, index_t depth, bool want_col,
+                                     const ContrastiveOptions& o) {
     WorkspaceCarver forward, backward;
-    layout(exec, forward, b, depth, want_col, p, false);
-    layout(exec, backward, b, depth, want_col, p, true);
+    layout(exec, forward, b, depth, want_col, o, false);
+    layout(exec, backward, b, depth, want_col, o, true);
     return std::max(forward.bytes(), backward.bytes());
   }
   struct Arrays {
@@ -55,8 +58,8 @@ struct ContrastiveCore {
     char* scratch;  // backward only: for a backend's backward passes
     std::size_t scratch_bytes;
   };
-  static Arrays layout(const Exec& exec, WorkspaceCarver& c, index_t b, index_t depth, bool want_col, Precision p,
-                       bool backward) {
+  static Arrays layout(const Exec& exec, WorkspaceCarver& c, index_t b, index_t depth, bool want_col,
+                       const ContrastiveOptions& o, bool backward) {
     Arrays a;
     a.positive = c.take<int>(b);
     a.row_lse = c.take<Acc>(b);
@@ -68,7 +71,8 @@ struct ContrastiveCore {
     a.g_col = c.take<Acc>(want_col ? b : 0);
     a.total = c.take<Acc>(1);
     a.partials = c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
-    a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, b, b, depth, p) : 0;
+    const BackwardShape shape{b, b, depth, o.precision, o.memory_budget};
+    a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, shape) : 0;
     a.scratch = c.take<char>(index_t(a.scratch_bytes));
     return a;
   }
@@ -97,8 +101,8 @@ struct ContrastiveCore {
     weighted_sum(exec, a.terms, b, b > 0 ? Acc(1) / Acc(b) : Acc(0), loss, false, a.total);
   }
 
-  /// Runs the backward passes. `grad_row`/`grad_col` may be null; `self` adds the column pass
-  /// into grad_row (Z receives both G Z and G^T Z).
+  /// Runs the backward step. `grad_row`/`grad_col` may be null; `self` adds the columns'
+  /// gradient into grad_row (Z receives both G Z and G^T Z).
   void backward(const Arrays& a, DirectionWeights w, const Acc* row_lse, const Acc* col_lse, const Acc* dloss,
                 T* grad_row, T* grad_col, Acc* dscale, bool accumulate, bool self) const {
     const Acc wr = Acc(w.row) / Acc(b > 0 ? b : 1), wc = Acc(w.col) / Acc(b > 0 ? b : 1);
@@ -109,24 +113,19 @@ struct ContrastiveCore {
                            g_row[i] = wr * dloss[0];
                            if (col) g_col[i] = wc * dloss[0];
                          });
-    BackwardTiles<T, Acc> f{};
-    f.prob = prob;
-    if (w.row != 0) f.row_terms = {row_lse, a.g_row, a.positive, a.g_row};
-    if (want_col && w.col != 0) f.col_terms = {col_lse, a.g_col, a.positive, a.g_col};
-    f.filter_eps = 0;
-    f.scratch = a.scratch;
-    f.scratch_bytes = a.scratch_bytes;
-    f.owner_is_row = true;
-    f.grad = grad_row;
-    f.accumulate = accumulate;
-    f.dscale_part = dscale ? a.terms : nullptr;
-    if (grad_row || dscale) lse_backward_pass(exec, f);
+    BackwardRequest<T, Acc> r;
+    r.prob = prob;
+    if (w.row != 0) r.row_terms = {row_lse, a.g_row, a.positive, a.g_row};
+    if (want_col && w.col != 0) r.col_terms = {col_lse, a.g_col, a.positive, a.g_col};
+    r.grad_rows = grad_row;
+    r.grad_cols = self ? nullptr : grad_col;
+    r.cols_into_rows = self;
+    r.accumulate = accumulate;
+    r.dscale_part = dscale ? a.terms : nullptr;
+    r.scratch = a.scratch;
+    r.scratch_bytes = a.scratch_bytes;
+    lse_backward(exec, r);
     if (dscale) weighted_sum(exec, a.terms, b, Acc(1), dscale, accumulate, a.total);
-    f.owner_is_row = false;
-    f.dscale_part = nullptr;
-    f.grad = self ? grad_row : grad_col;
-    f.accumulate = self ? true : accumulate;
-    if (f.grad) lse_backward_pass(exec, f);
   }
 };
 
@@ -177,7 +176,7 @@ template <class Exec, class IV, class TV>
 std::size_t contrastive_loss_workspace_bytes(const Exec& exec, const IV& I, const TV&,
                                              const ContrastiveOptions& opts = {}) {
   using T = impl::scalar_of<IV>;
-  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, I.extent(0), I.extent(1), true, opts.precision);
+  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, I.extent(0), I.extent(1), true, opts);
 }
 
 /// Forward. I, T: (b x c) image and text features, row-major, same scalar type; labels: (b)
@@ -218,7 +217,7 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
   const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts.precision, false); },
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_positives(exec, labels, b, a.positive);
         core.forward(a, w, loss.data());
@@ -300,7 +299,7 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
   const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts.precision, true); },
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_positives(exec, labels, b, a.positive);
         core.backward(a, w, row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
@@ -319,7 +318,7 @@ template <class Exec, class ZV>
 std::size_t self_contrastive_loss_workspace_bytes(const Exec& exec, const ZV& Z,
                                                   const ContrastiveOptions& opts = {}) {
   using T = impl::scalar_of<ZV>;
-  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, Z.extent(0), Z.extent(1), false, opts.precision);
+  return impl::ContrastiveCore<Exec, T, accumulator_t<T>>::workspace_bytes(exec, Z.extent(0), Z.extent(1), false, opts);
 }
 
 namespace impl {
@@ -375,7 +374,7 @@ void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, con
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::self_problem<T, Acc>(Z, opts), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts.precision, false); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.forward(a, impl::DirectionWeights(Direction::image_to_text), loss.data());
@@ -419,7 +418,7 @@ void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& l
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::self_problem<T, Acc>(Z, opts), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts.precision, true); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.backward(a, impl::DirectionWeights(Direction::image_to_text), lse.data(), nullptr, dloss.data(),

@@ -28,6 +28,8 @@ struct CrossEntropyOptions {
   Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
   /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
+  /// bytes of workspace the calls may use; each picks the fastest algorithm that fits (see memory_budget_default)
+  std::size_t memory_budget = memory_budget_default;
   /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
 };
@@ -75,8 +77,9 @@ struct CrossEntropyCall {
     active_count = scored - check_indices(exec, check, "targets", targets, o.shift, scored, V, o.ignore_index, true);
   }
 
-  /// row_target[i] = the class row i is scored against, or -1; active = the rows that are scored.
-  index_t prepare_rows(int* row_target, int* active) const {
+  /// row_target[i] = the class row i is scored against, or -1; active = the rows that are scored;
+  /// position (optional) = its inverse (row -> position in active, or -1), when some row is not scored.
+  index_t prepare_rows(int* row_target, int* active, int* position) const {
     const auto* t = targets.data();
     const index_t shift = o.shift, n_scored = scored, ignore = o.ignore_index;
     Kokkos::parallel_for("tlse::cross_entropy_targets", Kokkos::RangePolicy<Exec>(exec, 0, N),
@@ -84,12 +87,21 @@ struct CrossEntropyCall {
                            const index_t c = i < n_scored ? index_t(t[i + shift]) : ignore;
                            row_target[i] = c == ignore ? -1 : int(c);
                          });
-    return compact_indices(exec, N, KOKKOS_LAMBDA(index_t i) { return row_target[i] >= 0; }, active);
+    const index_t count = compact_indices(exec, N, KOKKOS_LAMBDA(index_t i) { return row_target[i] >= 0; }, active);
+    if (count < N && position) invert_index(exec, active, count, N, position);
+    return count;
   }
 
-  TileProblem<T, Acc> problem(const int* active, const int* vocab_order) const {
+  /// The scored rows of E (through `active` unless every row is scored) against C, visited in
+  /// `vocab_order` when given.
+  BackwardShape backward_shape() const { return {N, V, index_t(E.extent(1)), o.precision, o.memory_budget}; }
+
+  TileProblem<T, Acc> problem(const int* active, const int* position, const int* vocab_order) const {
     auto p = make_problem<T, Acc>(E, C, 1.0, o.precision);
-    p.rows.index = active;
+    if (active_count < N) {
+      p.rows.index = active;
+      p.rows.position = position;
+    }
     p.rows.count = active_count;
     p.cols.index = vocab_order;
     p.logit.col_bias = bias.extent(0) ? bias.data() : nullptr;
@@ -122,13 +134,14 @@ void check_vocab_order(const Exec& exec, const ArgumentChecker& check, const V& 
 /// cross_entropy_workspace_bytes).
 template <class Acc>
 struct CrossEntropyForwardArrays {
-  int *row_target, *active;
+  int *row_target, *active, *position;
   Acc *row_lse, *target_logit, *row_loss, *total, *partials, *logit_sum;
   template <class Exec>
   static CrossEntropyForwardArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V, bool sums) {
     CrossEntropyForwardArrays a;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
+    a.position = c.take<int>(N);
     a.row_lse = c.take<Acc>(N);
     a.target_logit = c.take<Acc>(N);
     a.row_loss = c.take<Acc>(N);
@@ -140,14 +153,15 @@ struct CrossEntropyForwardArrays {
 };
 template <class Acc>
 struct CrossEntropyBackwardArrays {
-  int *row_target, *active;
+  int *row_target, *active, *position;
   Acc *g, *w;
-  char* scratch;  // for a backend's backward passes
+  char* scratch;  // for a backend's backward
   std::size_t scratch_bytes;
   static CrossEntropyBackwardArrays carve(WorkspaceCarver& c, index_t N, std::size_t scratch_bytes) {
     CrossEntropyBackwardArrays a;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
+    a.position = c.take<int>(N);
     a.g = c.take<Acc>(N);
     a.w = c.take<Acc>(N);
     a.scratch = c.take<char>(index_t(scratch_bytes));
@@ -188,7 +202,8 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
   const impl::index_t N = E.extent(0), V = C.extent(0), D = E.extent(1);
   impl::WorkspaceCarver forward, backward;
   impl::CrossEntropyForwardArrays<Acc>::carve(forward, exec, N, V, true);
-  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, N, V, D, opts.precision));
+  const impl::BackwardShape shape{N, V, D, opts.precision, opts.memory_budget};
+  impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, shape));
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -234,8 +249,8 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
       check.function(), exec, opts.workspace,
       [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, exec, N, V, want_order); },
       [&](const Arrays& a) {
-        call.prepare_rows(a.row_target, a.active);
-        const auto prob = call.problem(a.active, nullptr);
+        call.prepare_rows(a.row_target, a.active, a.position);
+        const auto prob = call.problem(a.active, a.position, nullptr);
         const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, V);
         impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr, want_order ? a.logit_sum : nullptr);
         const int* active = a.active;
@@ -343,9 +358,12 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
   Kokkos::Profiling::pushRegion("tlse::cross_entropy_backward");
   using Arrays = impl::CrossEntropyBackwardArrays<Acc>;
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N, impl::backward_scratch_bytes<T>(exec, N, V, D, opts.precision)); },
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) {
+        return Arrays::carve(c, N, impl::backward_scratch_bytes<T>(exec, call.backward_shape()));
+      },
       [&](const Arrays& a) {
-        call.prepare_rows(a.row_target, a.active);
+        call.prepare_rows(a.row_target, a.active, a.position);
         const int* order = vocab_order.extent(0) ? vocab_order.data() : nullptr;
         const int* active = a.active;
         const int* row_target = a.row_target;
@@ -364,31 +382,24 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
                                g[i] = coef * (Acc(1) + Acc(2) * z * saved_lse[i]);
                                w[i] = coef;
                              });
-        impl::BackwardTiles<T, Acc> f{};
-        f.prob = call.problem(active, order);
-        f.row_terms = {saved_lse, g, row_target, w};
-        f.filter_eps = Acc(impl::resolved_filter_eps<T>(opts));
-        f.scratch = a.scratch;
-        f.scratch_bytes = a.scratch_bytes;
-        f.accumulate = opts.accumulate;
-        if (want_dE) {
-          if (!opts.accumulate) {  // ignored rows are never visited: their gradient is zero
-            T* out = dE.data();
-            Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
-                                 KOKKOS_LAMBDA(impl::index_t idx) {
-                                   if (row_target[idx / D] < 0) out[idx] = T(0.0f);
-                                 });
-          }
-          f.owner_is_row = true;
-          f.grad = dE.data();
-          impl::lse_backward_pass(exec, f);
+        if (want_dE && !opts.accumulate) {  // ignored rows are never visited: their gradient is zero
+          T* out = dE.data();
+          Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
+                               KOKKOS_LAMBDA(impl::index_t idx) {
+                                 if (row_target[idx / D] < 0) out[idx] = T(0.0f);
+                               });
         }
-        if (want_dC || want_dbias) {
-          f.owner_is_row = false;
-          f.grad = want_dC ? dC.data() : nullptr;
-          f.dbias = want_dbias ? dbias.data() : nullptr;
-          impl::lse_backward_pass(exec, f);
-        }
+        impl::BackwardRequest<T, Acc> r;
+        r.prob = call.problem(active, a.position, order);
+        r.row_terms = {saved_lse, g, row_target, w};
+        r.filter_eps = Acc(impl::resolved_filter_eps<T>(opts));
+        r.grad_rows = want_dE ? dE.data() : nullptr;
+        r.grad_cols = want_dC ? dC.data() : nullptr;
+        r.dbias = want_dbias ? dbias.data() : nullptr;
+        r.accumulate = opts.accumulate;
+        r.scratch = a.scratch;
+        r.scratch_bytes = a.scratch_bytes;
+        impl::lse_backward(exec, r);
       });
   Kokkos::Profiling::popRegion();
 }

@@ -21,6 +21,8 @@ struct LinearLseOptions {
   Precision precision = Precision::exact;  ///< float inputs: Precision::tf32 allows TF32 tensor cores
   /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
+  /// bytes of workspace the calls may use; each picks the fastest algorithm that fits (see memory_budget_default)
+  std::size_t memory_budget = memory_budget_default;
   /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
 };
@@ -49,6 +51,11 @@ void check_linear(const Exec& exec, const ArgumentChecker& check, const AV& A, c
   check_finite(exec, check, "bias", bias, o.non_finite);
 }
 
+template <class AV, class BV>
+BackwardShape linear_shape(const AV& A, const BV& B, const LinearLseOptions& o) {
+  return {index_t(A.extent(0)), index_t(B.extent(0)), index_t(A.extent(1)), o.precision, o.memory_budget};
+}
+
 /// The forward's only workspace array.
 template <class Acc, class Exec>
 Acc* carve_linear_partials(WorkspaceCarver& c, const Exec& exec, index_t rows, index_t cols) {
@@ -68,9 +75,8 @@ std::size_t linear_lse_workspace_bytes(const Exec& exec, const AV& A, const BV& 
   using T = impl::scalar_of<AV>;
   impl::WorkspaceCarver forward, backward;
   impl::carve_linear_partials<accumulator_t<T>>(forward, exec, A.extent(0), B.extent(0));
-  // The backward's only workspace array: scratch for a backend's backward passes (often none).
-  backward.take<char>(impl::index_t(
-      impl::backward_scratch_bytes<T>(exec, A.extent(0), B.extent(0), A.extent(1), opts.precision)));
+  // The backward's only workspace array: scratch for a backend's backward (often none).
+  backward.take<char>(impl::index_t(impl::backward_scratch_bytes<T>(exec, impl::linear_shape(A, B, opts))));
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -125,8 +131,9 @@ void linear_lse(const Exec& exec, const AV& A, const BV& B, const LseV& lse, con
 /// with p_ij = exp(x_ij - lse(i)). dA or dB may be empty views (not computed). With
 /// opts.accumulate the results are added to dA and dB, otherwise they overwrite them.
 /// The bias gradient is sum_i dlse(i) p_ij; it is not returned here (cross_entropy_backward does).
-/// Tiles are recomputed (two passes: one owns rows and writes dA, one owns columns and writes
-/// dB), so no atomics are used and results are bitwise reproducible.
+/// Tiles are recomputed (on Hopper GPUs once, when opts.memory_budget allows; otherwise in two
+/// passes: one owns rows and writes dA, one owns columns and writes dB); no atomics are used and
+/// results are bitwise reproducible.
 /// Extra memory: the workspace (a backend's backward may use it; the generic one needs none) and
 /// Kokkos team scratch of 32 x depth accumulators per running team.
 /// \param exec execution space instance
@@ -160,30 +167,21 @@ void linear_lse_backward(const Exec& exec, const AV& A, const BV& B, const BiasV
   const bool want_dB = check.optional_matrix("dB", dB, B.extent(0), B.extent(1), "B");
   impl::check_finite(exec, check, "dlse", dlse, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::linear_lse_backward");
-  const impl::index_t rows = A.extent(0), cols = B.extent(0), depth = A.extent(1);
-  const std::size_t scratch_bytes = impl::backward_scratch_bytes<T>(exec, rows, cols, depth, opts.precision);
+  const std::size_t scratch_bytes = impl::backward_scratch_bytes<T>(exec, impl::linear_shape(A, B, opts));
   impl::with_workspace(
       check.function(), exec, opts.workspace,
       [&](impl::WorkspaceCarver& c) { return c.take<char>(impl::index_t(scratch_bytes)); },
       [&](char* scratch) {
-        impl::BackwardTiles<T, Acc> f{};
-        f.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
-        f.row_terms.lse = lse.data();
-        f.row_terms.g = dlse.data();
-        f.filter_eps = 0;
-        f.accumulate = opts.accumulate;
-        f.scratch = scratch;
-        f.scratch_bytes = scratch_bytes;
-        if (want_dA) {
-          f.owner_is_row = true;
-          f.grad = dA.data();
-          impl::lse_backward_pass(exec, f);
-        }
-        if (want_dB) {
-          f.owner_is_row = false;
-          f.grad = dB.data();
-          impl::lse_backward_pass(exec, f);
-        }
+        impl::BackwardRequest<T, Acc> r;
+        r.prob = impl::linear_problem<T, Acc>(A, B, bias, opts);
+        r.row_terms.lse = lse.data();
+        r.row_terms.g = dlse.data();
+        r.accumulate = opts.accumulate;
+        r.grad_rows = want_dA ? dA.data() : nullptr;
+        r.grad_cols = want_dB ? dB.data() : nullptr;
+        r.scratch = scratch;
+        r.scratch_bytes = scratch_bytes;
+        impl::lse_backward(exec, r);
       });
   Kokkos::Profiling::popRegion();
 }

@@ -40,6 +40,13 @@ struct Workspace {
   std::size_t bytes = 0;
 };
 
+/// Default of the options' `memory_budget`: 256 MiB. A call picks the fastest algorithm whose
+/// workspace fits its budget (on Hopper GPUs: the backward that recomputes each tile once, with
+/// an O(rows x depth) fp32 accumulator and a panel of dL/dx as wide as the rest allows; below
+/// that, the two-pass backward with a bounded chunk). `*_workspace_bytes` report what a call
+/// will use under the budget; a budget below the smallest algorithm's needs gets that minimum.
+constexpr std::size_t memory_budget_default = std::size_t(256) << 20;
+
 /// Value of `filter_eps` meaning "the default for the input dtype": eps(dtype) / 32 as CCE
 /// (2^-12 for bf16, 2^-15 for fp16, 2^-28 for float, 2^-57 for double).
 constexpr double filter_eps_auto = -1.0;

@@ -23,6 +23,7 @@ module tlse
     integer(c_int32_t) :: reserved
     type(c_ptr) :: workspace
     integer(c_size_t) :: workspace_bytes
+    integer(c_int64_t) :: memory_budget  ! bytes of workspace a call may use; 0: 256 MiB
   end type
 
   interface

@@ -35,6 +35,7 @@ class CrossEntropyOptions(ctypes.Structure):
         ("reserved", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)
     ]
 
 
@@ -47,6 +48,7 @@ class ContrastiveOptions(ctypes.Structure):
         ("reserved", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)
     ]
 
 

@@ -1,7 +1,10 @@
 #pragma once
 // Where faster paths plug in (the kokkos-kernels "spec_avail" pattern): the generic kernels ask
 // a trait on the execution space whether a specialization takes the call, and a backend adds
-// one by specializing the trait in its own header, listed below, without touching generic code.
+// one by specializing the trait in its own header, which the build registers in the generated
+// <tlse/registered_backends.hpp> (backends/CMakeLists.txt), included at the end of this file.
+// Without that header (headers used outside CMake) every call runs the generic kernels.
+#include <tlse/impl/backward_request.hpp>
 #include <tlse/impl/tile_problem.hpp>
 #include <tlse/options.hpp>
 
@@ -44,6 +47,15 @@ struct LseForwardSpecialization {
   }
 };
 
+/// What a backward's scratch is planned from: the stored rows of each side (a call may visit
+/// fewer), the depth, the precision and the call's memory budget (which the fused
+/// specialization plans within; the passes' scratch is what their kernels need).
+struct BackwardShape {
+  index_t rows = 0, cols = 0, depth = 0;
+  Precision precision = Precision::exact;
+  std::size_t memory_budget = memory_budget_default;
+};
+
 /// One backward pass (a BackwardTiles functor `f`). `scratch_bytes` is what `run` needs in
 /// f.scratch for a pass with `owned` x `other` rows; `run` returns false to leave the pass to
 /// the generic kernel.
@@ -60,18 +72,42 @@ struct LseBackwardSpecialization {
   }
 };
 
-/// Scratch for both backward passes over a rows x cols problem, to carve from a call's workspace.
+/// A whole backward step (a BackwardRequest: both gradients, dscale and dbias) in one go, before
+/// the two passes are tried. `scratch_bytes` is its scratch for the shape, 0 when it does not take
+/// such calls; `run` returns false to leave the step to the passes.
+template <class Exec>
+struct LseBackwardFusedSpecialization {
+  template <class T>
+  static std::size_t scratch_bytes(const Exec&, const BackwardShape&) {
+    return 0;
+  }
+  template <class T, class Acc>
+  static bool run(const Exec&, const BackwardRequest<T, Acc>&) {
+    return false;
+  }
+};
+
+/// Scratch of the two backward passes (lse_backward_pass, run one after the other).
 template <class T, class Exec>
-std::size_t backward_scratch_bytes(const Exec& exec, index_t rows, index_t cols, index_t depth, Precision p) {
+std::size_t pass_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
   if (!specializations_enabled()) return 0;
   using Spec = LseBackwardSpecialization<Exec>;
-  const std::size_t by_rows = Spec::template scratch_bytes<T>(exec, rows, cols, depth, p);
-  const std::size_t by_cols = Spec::template scratch_bytes<T>(exec, cols, rows, depth, p);
+  const std::size_t by_rows = Spec::template scratch_bytes<T>(exec, shape.rows, shape.cols, shape.depth, shape.precision);
+  const std::size_t by_cols = Spec::template scratch_bytes<T>(exec, shape.cols, shape.rows, shape.depth, shape.precision);
   return by_rows > by_cols ? by_rows : by_cols;
+}
+
+/// Scratch of a backward step (lse_backward), to carve from a call's workspace: the fused
+/// specialization's when it takes the shape, else the passes'.
+template <class T, class Exec>
+std::size_t backward_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
+  if (!specializations_enabled()) return 0;
+  const std::size_t fused = LseBackwardFusedSpecialization<Exec>::template scratch_bytes<T>(exec, shape);
+  return fused > 0 ? fused : pass_scratch_bytes<T>(exec, shape);
 }
 
 }  // namespace tlse::impl
 
-#if defined(KOKKOS_ENABLE_CUDA)
-#include <tlse/backends/cuda/cuda_specializations.hpp>
+#if __has_include(<tlse/registered_backends.hpp>)
+#include <tlse/registered_backends.hpp>
 #endif

@@ -160,4 +160,36 @@ void lse_backward_pass(const Exec& exec, const BackwardTiles<T, Acc>& f) {
   Kokkos::parallel_for(f.owner_is_row ? "tlse::lse_backward_rows" : "tlse::lse_backward_cols", policy, f);
 }
 
+/// Runs a backward step: a backend's fused step where one takes it, otherwise two passes, one
+/// owning the rows (grad_rows, dscale) and one owning the columns (grad_cols, dbias).
+template <class Exec, class T, class Acc>
+void lse_backward(const Exec& exec, const BackwardRequest<T, Acc>& r) {
+  if (r.prob.rows.count > 0 && r.prob.cols.count > 0 && specializations_enabled() &&
+      LseBackwardFusedSpecialization<Exec>::run(exec, r))
+    return;
+  BackwardTiles<T, Acc> f{};
+  f.prob = r.prob;
+  f.row_terms = r.row_terms;
+  f.col_terms = r.col_terms;
+  f.filter_eps = r.filter_eps;
+  f.scratch = r.scratch;
+  f.scratch_bytes = r.scratch_bytes;
+  if (r.grad_rows || r.dscale_part) {
+    f.owner_is_row = true;
+    f.grad = r.grad_rows;
+    f.accumulate = r.accumulate;
+    f.dscale_part = r.dscale_part;
+    lse_backward_pass(exec, f);
+  }
+  T* col_grad = r.cols_into_rows ? r.grad_rows : r.grad_cols;
+  if (col_grad || r.dbias) {
+    f.owner_is_row = false;
+    f.grad = col_grad;
+    f.accumulate = r.cols_into_rows || r.accumulate;
+    f.dscale_part = nullptr;
+    f.dbias = r.dbias;
+    lse_backward_pass(exec, f);
+  }
+}
+
 }  // namespace tlse::impl

@@ -37,9 +37,9 @@ TileProblem<T, Acc> make_problem(const AV& A, const BV& B, double scale, Precisi
   TileProblem<T, Acc> p;
   p.tf32 = precision == Precision::tf32;
   p.rows.data = A.data();
-  p.rows.count = index_t(A.extent(0));
+  p.rows.count = p.rows.stored = index_t(A.extent(0));
   p.cols.data = B.data();
-  p.cols.count = index_t(B.extent(0));
+  p.cols.count = p.cols.stored = index_t(B.extent(0));
   p.depth = index_t(A.extent(1));
   p.logit.scale = Acc(scale);
   return p;

@@ -41,6 +41,15 @@ index_t compact_indices(const Exec& exec, index_t n, const Keep& keep, int* list
   return count;
 }
 
+/// position[r] = p where list[p] == r (p < count), -1 for the rows r < stored no position lists.
+template <class Exec>
+void invert_index(const Exec& exec, const int* list, index_t count, index_t stored, int* position) {
+  Kokkos::parallel_for("tlse::invert_index_clear", Kokkos::RangePolicy<Exec>(exec, 0, stored),
+                       KOKKOS_LAMBDA(index_t r) { position[r] = -1; });
+  Kokkos::parallel_for("tlse::invert_index", Kokkos::RangePolicy<Exec>(exec, 0, count),
+                       KOKKOS_LAMBDA(index_t p) { position[list[p]] = int(p); });
+}
+
 /// *out = weight * sum(values[0..n)) (+ *out when accumulating), summed in a fixed order.
 /// `total` is one Acc of workspace. Nothing is read back to the host.
 template <class Exec, class Acc>

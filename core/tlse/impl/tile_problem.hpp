@@ -25,6 +25,10 @@ struct Side {
   const T* data = nullptr;
   const int* index = nullptr;  // logical position -> row of data; nullptr means identity
   index_t count = 0;           // number of logical positions
+  index_t stored = 0;          // rows of data (count without an index)
+  /// With an index, where the caller has it: its inverse, row of data -> logical position or -1
+  /// for a row no position visits (backends that sweep the stored rows use it).
+  const int* position = nullptr;
   KOKKOS_INLINE_FUNCTION index_t id(index_t p) const { return index ? index_t(index[p]) : p; }
 };
 

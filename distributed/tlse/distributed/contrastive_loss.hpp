@@ -289,7 +289,7 @@ struct ContrastiveRing {
     }
     const int* mine = positives.data() + L.rank * m;
     // Scratch of a backend's backward passes (the CUDA tensor-core chunks; none on the host).
-    Vec<char> scratch("tlse::backward_scratch", tlse::impl::backward_scratch_bytes<T>(exec, m, m, c, precision));
+    Vec<char> scratch("tlse::backward_scratch", tlse::impl::pass_scratch_bytes<T>(exec, {m, m, c, precision}));
     typename Comm::Request early_text, early_lse, late;
     for (int k = 0; k < L.size; ++k) {
       const int cur = k % 2, nxt = 1 - cur, s = L.block_at(k);

@@ -137,8 +137,8 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
   const Exec& exec = comm.exec();
   const index_t N = call.N, Vr = shard.vocab, voff = shard.offset, n_active = shard.active;
   Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N);
-  call.prepare_rows(row_target.data(), active.data());
-  const auto prob = call.problem(active.data(), nullptr);
+  call.prepare_rows(row_target.data(), active.data(), nullptr);
+  const auto prob = call.problem(active.data(), nullptr, nullptr);
   const auto grid = tlse::impl::ForwardGrid::plan(exec, n_active, Vr);
   Kokkos::View<Acc*, Mem> partials("tlse::partials",
                                    tlse::impl::forward_partials_size(grid, n_active, Vr, false, false));
@@ -243,7 +243,7 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   const index_t N = call.N, D = index_t(E.extent(1)), Vr = shard.vocab, voff = shard.offset;
   Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N),
       local_target("tlse::local_target", N);
-  call.prepare_rows(row_target.data(), active.data());
+  call.prepare_rows(row_target.data(), active.data(), nullptr);
   Kokkos::View<Acc*, Mem> g("tlse::g", N), w("tlse::w", N);
   {
     const int *act = active.data(), *rt = row_target.data();
@@ -266,12 +266,12 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
         });
   }
   tlse::impl::BackwardTiles<T, Acc> f{};
-  f.prob = call.problem(active.data(), nullptr);
+  f.prob = call.problem(active.data(), nullptr, nullptr);
   f.row_terms = {lse.data(), g.data(), local_target.data(), w.data()};
   f.filter_eps = Acc(tlse::impl::resolved_filter_eps<T>(opts));
   // Scratch of a backend's backward passes (the CUDA tensor-core chunks; none on the host).
   Kokkos::View<char*, Mem> scratch("tlse::backward_scratch",
-                                   tlse::impl::backward_scratch_bytes<T>(exec, N, Vr, D, opts.precision));
+                                   tlse::impl::pass_scratch_bytes<T>(exec, {N, Vr, D, opts.precision}));
   f.scratch = scratch.data();
   f.scratch_bytes = scratch.size();
   if (want_dE) {
