@@ -4,7 +4,8 @@
 # outside the clone, keyed by version and backend, reused when present.
 #
 #   scripts/bootstrap.sh                     host backend (OpenMP + Serial); prints the Kokkos prefix last
-#   TLSE_BACKEND=cuda scripts/bootstrap.sh   CUDA 11.8 from Debian non-free + Kokkos for CUDA (sm_90 code)
+#   TLSE_BACKEND=cuda scripts/bootstrap.sh   CUDA 11.8 from Debian non-free + Kokkos for CUDA (sm_90 code),
+#                                            and the Hopper kernels' toolchain (scripts/hopper_toolchain.sh)
 #   Kokkos_ROOT=/opt/kokkos scripts/bootstrap.sh   use an existing Kokkos (3.4 or newer) instead
 #
 # Environment: TLSE_CACHE (default ~/.cache/tiledlse), TLSE_SKIP_APT=1 to skip apt-get.
@@ -22,7 +23,8 @@ log() { echo "[bootstrap] $*" >&2; }
 debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
                  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
                  python3 python3-numpy python3-matplotlib
-                 gfortran python3-torch python3-pytest)  # Fortran example; Python package tests
+                 gfortran python3-torch python3-pytest  # Fortran example; Python package tests
+                 python3-venv)  # pip for the pinned PyPI wheels, in a venv in the cache
 
 # Writes apt sources derived from the machine's own Debian entry, so no archive host is typed
 # here: $2 = Types (e.g. "deb-src"), $3 = Components.
@@ -143,6 +145,7 @@ debian_packages+=(doxygen)  # scripts/docs.sh; CI builds the documentation
 apt_install "${debian_packages[@]}"
 if [ "$backend" = cuda ]; then
   install_cuda
+  "$(dirname "${BASH_SOURCE[0]}")/hopper_toolchain.sh" >/dev/null
   # The image's CUDA 13 must not shadow 11.8's tools (its ptxas would be picked up).
   export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
   export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA variant on the CPU machine (CUDA 11.8 from Debian non-free, Kokkos 3.4.01 for
-# CUDA with sm_90 code) and lays the binaries out in build-cuda/carry/, with libcudart.so.11.0,
+# CUDA with sm_90 code; the Hopper kernels, libtiledlse_hopper, with the CUDA 13.0 compiler and
+# CUTLASS from PyPI, scripts/hopper_toolchain.sh) and lays the binaries out in build-cuda/carry/,
+# with libcudart.so.11.0,
 # ready to copy to a GPU machine and run there with scripts/run_gpu.sh; the C library
 # libtiledlse_c.so and the Python package (with its tests) go there too (docs/python.md).
 #   scripts/build_cuda.sh                  build and lay out
@@ -8,6 +10,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kokkos=$(TLSE_BACKEND=cuda "$root/scripts/bootstrap.sh" | tail -n 1)
+hopper=$("$root/scripts/hopper_toolchain.sh")  # cached: installed by the bootstrap above
 # CUDA 11.8 first: the image's CUDA 13 (PATH, LIBRARY_PATH) must not leak into this build.
 export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
@@ -29,17 +32,21 @@ else
 fi
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
   -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
-  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON -DTiledLSE_ENABLE_MPI=ON "${nccl[@]}" >/dev/null
+  -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON -DTiledLSE_ENABLE_MPI=ON "${nccl[@]}" \
+  -DTiledLSE_ENABLE_HOPPER=ON -DTiledLSE_HOPPER_CUDA_COMPILER="$hopper/nvidia/cu13/bin/nvcc" \
+  -DTiledLSE_HOPPER_HOST_COMPILER=g++-12 -DCUTLASS_INCLUDE_DIR="$hopper/cutlass_library/source/include" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 [ "${1:-}" = --compile-only ] && exit 0
 
 carry=$build/carry
 rm -rf "$carry" && mkdir -p "$carry"
-find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' -exec cp {} "$carry/" \;
-for exe in apps/tlse perf_tests/tlse_benchmarks perf_tests/forward_timing perf_tests/distributed_benchmark; do
+# The GPU tests (test_hopper_plan checks host arithmetic: the host suite runs it) and the tools
+# the GPU runs use; what travels to the GPU machine must stay under 64 MiB.
+find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' ! -name test_hopper_plan -exec cp {} "$carry/" \;
+for exe in apps/tlse perf_tests/distributed_benchmark; do
   [ -x "$build/$exe" ] && cp "$build/$exe" "$carry/"
 done
-cp "$build/c_api/libtiledlse_c.so" "$carry/"
+cp "$build/c_api/libtiledlse_c.so" "$build/hopper/libtiledlse_hopper.so" "$build/hopper/test_hopper_kernels" "$carry/"
 strip "$carry"/* 2>/dev/null || true
 cp -L /usr/lib/x86_64-linux-gnu/libcudart.so.11.0 "$carry/"
 mkdir -p "$carry/python"

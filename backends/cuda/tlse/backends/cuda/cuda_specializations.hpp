@@ -1,10 +1,19 @@
 #pragma once
-// Registers the tensor-core kernels for Kokkos::Cuda: the forward LSE (lse_forward_mma.hpp) and
-// the backward passes (lse_backward_mma.hpp), for bf16 and fp16 inputs, and
-// for float inputs in TF32 when the call asks for Precision::tf32.
+// Registers the Kokkos::Cuda specializations (kernel_path.hpp says which run):
+// - the Hopper kernels (hopper_forward.hpp, hopper_backward.hpp; built with TLSE_HAVE_HOPPER):
+//   the forward for bf16, fp16 and float in TF32, the fused backward for bf16 when its plan fits
+//   the call's memory budget;
+// - the mma.sync tensor-core kernels (lse_forward_mma.hpp, lse_backward_mma.hpp): the forward
+//   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;
+// - anything else runs the generic kernels.
+#include <tlse/backends/cuda/kernel_path.hpp>
 #include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/lse_forward_mma.hpp>
 #include <tlse/impl/backend_dispatch.hpp>
+#if defined(TLSE_HAVE_HOPPER)
+#include <tlse/backends/cuda/hopper_backward.hpp>
+#include <tlse/backends/cuda/hopper_forward.hpp>
+#endif
 
 #include <type_traits>
 
@@ -20,7 +29,11 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
   template <class T, class Acc>
   static bool run(const Kokkos::Cuda& exec, const TileProblem<T, Acc>& prob, ForwardPartials<Acc>& parts) {
     if constexpr (on_tensor_cores<T> && std::is_same<Acc, float>::value) {
-      if (!cuda::LseForwardMma::applies(prob)) return false;
+      const cuda::KernelPath path = cuda::kernel_path(exec.cuda_device());
+#if defined(TLSE_HAVE_HOPPER)
+      if (path == cuda::KernelPath::hopper && cuda::LseForwardHopper::run(exec.cuda_stream(), prob, parts)) return true;
+#endif
+      if (path == cuda::KernelPath::generic || !cuda::LseForwardMma::applies(prob)) return false;
       cuda::LseForwardMma::run(exec.cuda_stream(), exec.cuda_device(), prob, parts);
       return true;
     } else {
@@ -35,12 +48,40 @@ template <class T>
 constexpr bool backward_on_tensor_cores = on_tensor_cores<T>;
 
 template <>
+struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
+  template <class T>
+  static std::size_t scratch_bytes(const Kokkos::Cuda& exec, const BackwardShape& shape) {
+#if defined(TLSE_HAVE_HOPPER)
+    cuda::FusedBackwardPlan plan;
+    if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+        cuda::LseBackwardHopper::plan<T>(exec.cuda_device(), shape, plan))
+      return plan.bytes;
+#else
+    (void)exec, (void)shape;
+#endif
+    return 0;
+  }
+  template <class T, class Acc>
+  static bool run(const Kokkos::Cuda& exec, const BackwardRequest<T, Acc>& r) {
+#if defined(TLSE_HAVE_HOPPER)
+    if constexpr (std::is_same<Acc, float>::value)
+      return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+             cuda::LseBackwardHopper::run<T>(exec.cuda_stream(), exec.cuda_device(), r);
+#else
+    (void)exec, (void)r;
+#endif
+    return false;
+  }
+};
+
+template <>
 struct LseBackwardSpecialization<Kokkos::Cuda> {
   template <class T>
   static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth,
                                    Precision precision) {
     if constexpr (backward_on_tensor_cores<T>) {
       if (sizeof(T) == 4 && precision != Precision::tf32) return 0;
+      if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return 0;
       return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth, sizeof(T));
     } else {
       return 0;
@@ -50,6 +91,7 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
   static bool run(const Kokkos::Cuda& exec, const F& f) {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
     if constexpr (backward_on_tensor_cores<T>) {
+      if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return false;
       return cuda::LseBackwardMma::run<T>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch, f.scratch_bytes);
     } else {
       return false;

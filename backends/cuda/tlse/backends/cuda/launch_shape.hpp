@@ -12,12 +12,13 @@ namespace tlse::impl::cuda {
 constexpr int BLOCKS_PER_SM = 2;
 
 /// Number of splits s in [1, max_splits] of `units` work units (tiles) for a launch of
-/// `blocks_per_split` x s blocks on `sms` SMs, minimizing waves(s) x (ceil(units / s) +
-/// overhead_units): the time of the launch when a block costs its units plus a fixed overhead
-/// (pipeline fill, partial writes). Ties go to fewer splits (less partial state to merge).
+/// `blocks_per_split` x s blocks on `sms` SMs with `blocks_per_sm` resident each, minimizing
+/// waves(s) x (ceil(units / s) + overhead_units): the time of the launch when a block costs its
+/// units plus a fixed overhead (pipeline fill, partial writes). Ties go to fewer splits (less
+/// partial state to merge).
 inline int balanced_splits(std::int64_t blocks_per_split, std::int64_t units, std::int64_t max_splits, int sms,
-                           std::int64_t overhead_units = 1) {
-  const std::int64_t slots = std::int64_t(sms) * BLOCKS_PER_SM;
+                           std::int64_t overhead_units = 1, int blocks_per_sm = BLOCKS_PER_SM) {
+  const std::int64_t slots = std::int64_t(sms) * blocks_per_sm;
   std::int64_t limit = max_splits < units ? max_splits : units;
   if (limit < 1) limit = 1;
   int best = 1;

@@ -1,0 +1,86 @@
+// Entry points and helpers that belong to no kernel family: errors, the device check, the launch
+// shape model.
+#include <mutex>
+#include <vector>
+
+#include "launch.cuh"
+
+namespace tlse::hopper {
+
+std::string& last_error() {
+  thread_local std::string error;
+  return error;
+}
+
+int fail(int code, const std::string& why) {
+  last_error() = why;
+  return code;
+}
+
+int multiprocessors() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  static std::mutex mutex;
+  static std::vector<int> counts;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (int(counts.size()) <= device) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    counts[device] = n > 0 ? n : 1;
+  }
+  return counts[device];
+}
+
+int check_operand(const char* call, const char* name, const void* data, int64_t rows, int64_t depth, int64_t ld,
+                  int elem) {
+  const auto why = [&](const std::string& s) {
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": " + name + " " + s);
+  };
+  if (data == nullptr) return why("is NULL");
+  if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0) return why("is not 16-byte aligned");
+  if (rows < 1 || rows >= (int64_t(1) << 31)) return why("has " + std::to_string(rows) + " rows, outside [1, 2^31)");
+  if (depth < 1 || depth >= (int64_t(1) << 31))
+    return why("has depth " + std::to_string(depth) + ", outside [1, 2^31)");
+  if (ld < depth || (ld * elem) % 16 != 0)
+    return why("has leading dimension " + std::to_string(ld) + ": below its depth " + std::to_string(depth) +
+               " or not a multiple of 16 bytes");
+  return TLSE_HOP_OK;
+}
+
+int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead,
+                    int64_t min_splits) {
+  int64_t limit = max_splits < units ? max_splits : units;
+  if (limit < 1) limit = 1;
+  if (min_splits > limit) min_splits = limit;
+  if (min_splits < 1) min_splits = 1;
+  int64_t best = min_splits, best_cost = INT64_MAX;
+  for (int64_t s = min_splits; s <= limit; ++s) {
+    const int64_t waves = (blocks_per_split * s + sms - 1) / sms;
+    const int64_t cost = waves * ((units + s - 1) / s + overhead);
+    if (cost < best_cost) best_cost = cost, best = s;
+  }
+  return int(best);
+}
+
+}  // namespace tlse::hopper
+
+using namespace tlse::hopper;
+
+extern "C" int tlse_hop_device_supported(int device) {
+  static std::mutex mutex;
+  static std::vector<int> known;  // 0 unknown, 1 supported, 2 not
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0) return 0;
+  if (int(known.size()) <= device) known.resize(device + 1, 0);
+  if (known[device] == 0) {
+    int major = 0, minor = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                    major == 9 && minor == 0;
+    known[device] = ok ? 1 : 2;
+  }
+  return known[device] == 1;
+}
+
+extern "C" const char* tlse_hop_error_string(void) { return last_error().c_str(); }

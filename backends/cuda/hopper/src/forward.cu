@@ -1,0 +1,93 @@
+// tlse_hop_lse_forward: the forward sweep (mainloop + LseForwardEpilogue) for bf16, fp16 and TF32.
+#include "launch.cuh"
+#include "lse_epilogue.cuh"
+
+namespace tlse::hopper {
+namespace {
+
+/// Bytes of L2 the row panels of the CTAs running together may take (each re-reads its panel for
+/// every column tile): the column splits are at least sms * panel / this.
+constexpr int64_t L2_PANEL_BUDGET = int64_t(24) << 20;
+
+/// Row tiles per group and column tiles per split; fills a.col_splits and a.row_groups.
+struct ForwardShape {
+  int64_t row_tiles, col_tiles, per_group, per_split;
+};
+
+ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
+  const int sms = multiprocessors();
+  ForwardShape s;
+  s.row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, s.col_tiles = (a.cols.count + TILE_N - 1) / TILE_N;
+  const bool columns = a.col_max || a.col_logit_sum;
+  int64_t groups = columns ? std::min<int64_t>(s.row_tiles, a.max_row_groups) : s.row_tiles;
+  s.per_group = (s.row_tiles + groups - 1) / groups;
+  groups = (s.row_tiles + s.per_group - 1) / s.per_group;  // every group has a first row tile
+  const int64_t panel = int64_t(TILE_M) * a.depth * element_bytes;
+  const int64_t min_splits = (int64_t(sms) * panel + L2_PANEL_BUDGET - 1) / L2_PANEL_BUDGET;
+  const int splits = balanced_splits(groups, s.col_tiles, a.max_col_splits, sms, 1, min_splits);
+  s.per_split = (s.col_tiles + splits - 1) / splits;
+  a.col_splits = (s.col_tiles + s.per_split - 1) / s.per_split;
+  a.row_groups = groups;
+  return s;
+}
+
+template <class Input, bool Columns>
+int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
+  using Config = TileConfig<MmaElement<Input>, false, false>;
+  using Epilogue = LseForwardEpilogue<Input, Columns>;
+  const ForwardShape s = plan_forward(a, sizeof(Input));
+  const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
+  const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
+
+  KernelParams<Config, Epilogue> kp;
+  kp.mainloop = {Config::tma_a(a.rows.data, a.rows.count, a.depth, a.rows.ld),
+                 Config::tma_b(a.cols.data, a.cols.count, a.depth, a.cols.ld), int32_t(a.rows.count),
+                 int32_t(a.cols.count), int32_t(a.depth)};
+  kp.schedule =
+      TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
+  kp.epilogue = {device_side(a.rows), device_side(a.cols), device_logit_model<Input>(a.logit, a.cols),
+                 a.row_max,           a.row_sum,           a.col_max,
+                 a.col_sum,           a.col_logit_sum};
+  return launch("tlse_hop_lse_forward", kp, stream);
+}
+
+}  // namespace
+}  // namespace tlse::hopper
+
+using namespace tlse::hopper;
+
+namespace {
+/// The checks both entry points share; 0 or the failure.
+int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
+  if (int e = check_operand(call, "rows", a->rows.data, a->rows.count, a->depth, a->rows.ld, elem)) return e;
+  if (int e = check_operand(call, "cols", a->cols.data, a->cols.count, a->depth, a->cols.ld, elem)) return e;
+  if (!a->row_max || !a->row_sum) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_max/row_sum is NULL");
+  if ((a->col_max == nullptr) != (a->col_sum == nullptr))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": col_max and col_sum go together");
+  if (a->max_col_splits < 1 || a->max_row_groups < 1)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits and max_row_groups must be >= 1");
+  return TLSE_HOP_OK;
+}
+}  // namespace
+
+extern "C" int tlse_hop_lse_forward_plan(tlse_hop_forward_args* a) {
+  static constexpr const char* call = "tlse_hop_lse_forward_plan";
+  if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
+  return with_input_type(a->dtype, call, [&](auto input) {
+    if (int e = check_forward(call, a, sizeof(decltype(input)))) return e;
+    plan_forward(*a, sizeof(decltype(input)));
+    return int(TLSE_HOP_OK);
+  });
+}
+
+extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
+  static constexpr const char* call = "tlse_hop_lse_forward";
+  if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
+  return with_input_type(a->dtype, call, [&](auto input) {
+    using Input = decltype(input);
+    if (int e = check_forward(call, a, sizeof(Input))) return e;
+    const bool columns = a->col_max || a->col_logit_sum;
+    const auto s = static_cast<cudaStream_t>(stream);
+    return columns ? run_forward<Input, true>(*a, s) : run_forward<Input, false>(*a, s);
+  });
+}

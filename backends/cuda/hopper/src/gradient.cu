@@ -1,0 +1,66 @@
+// tlse_hop_gradient: a panel of G = scale * dL/dx (mainloop + GradientEpilogue), bf16.
+#include "gradient_epilogue.cuh"
+#include "launch.cuh"
+
+namespace tlse::hopper {
+namespace {
+
+template <class Input>
+int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
+  using Config = TileConfig<MmaElement<Input>, false, false>;
+  using Epilogue = GradientEpilogue<Input>;
+  const int sms = multiprocessors();
+  const int64_t width = a.col_end - a.col_begin;
+  const int64_t row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, col_tiles = (width + TILE_N - 1) / TILE_N;
+  const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
+  const int splits = balanced_splits(row_tiles, col_tiles, a.max_col_splits, sms);
+  const int64_t per_split = (col_tiles + splits - 1) / splits;
+  a.col_splits = (col_tiles + per_split - 1) / per_split;
+
+  const Input* panel = static_cast<const Input*>(a.cols.data) + a.col_begin * a.cols.ld;
+  KernelParams<Config, Epilogue> kp;
+  kp.mainloop = {Config::tma_a(a.rows.data, a.rows.count, a.depth, a.rows.ld),
+                 Config::tma_b(panel, width, a.depth, a.cols.ld), int32_t(a.rows.count), int32_t(width),
+                 int32_t(a.depth)};
+  kp.schedule = TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), 1, int(per_split), int(k_tiles), 1);
+  auto& e = kp.epilogue;
+  e.rows = device_side(a.rows), e.cols = device_side(a.cols);
+  e.logit = device_logit_model<Input>(a.logit, a.cols);
+  e.row_terms = device_terms(a.row_terms), e.col_terms = device_terms(a.col_terms);
+  e.filter_eps = a.filter_eps;
+  e.col_begin = a.col_begin, e.col_end = a.col_end;
+  e.G = static_cast<Input*>(a.G), e.ldg = a.ldg;
+  e.tile_mask = a.filter_eps > 0.f ? a.tile_mask : nullptr;
+  e.mask_ld = col_tiles;
+  e.row_dot_sums = a.row_dot_sums, e.col_sums = a.col_sums;
+  return launch("tlse_hop_gradient", kp, stream);
+}
+
+}  // namespace
+}  // namespace tlse::hopper
+
+using namespace tlse::hopper;
+
+extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
+  static constexpr const char* call = "tlse_hop_gradient";
+  if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
+  // fp16 cannot hold G unscaled (entries like p / N underflow it); TF32 awaits transposed
+  // copies for its products (wgmma reads TF32 K-major only). Both take the two-pass backward.
+  if (a->dtype != TLSE_HOP_BF16) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 is built");
+  {
+    using Input = cutlass::bfloat16_t;
+    if (int e = check_operand(call, "rows", a->rows.data, a->rows.count, a->depth, a->rows.ld, sizeof(Input))) return e;
+    if (int e = check_operand(call, "cols", a->cols.data, a->cols.count, a->depth, a->cols.ld, sizeof(Input))) return e;
+    if (a->col_begin < 0 || a->col_end > a->cols.count || a->col_begin >= a->col_end || a->col_begin % 8 != 0)
+      return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": panel [" + std::to_string(a->col_begin) + ", " +
+                                           std::to_string(a->col_end) + ") is empty, outside [0, " +
+                                           std::to_string(a->cols.count) + ") or does not start at a multiple of 8");
+    if (a->G && (a->ldg < a->col_end - a->col_begin || a->ldg % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->G) % 16))
+      return fail(TLSE_HOP_E_ARGUMENT,
+                  std::string(call) + ": G must be 16-byte aligned with ldg >= the panel width, a multiple of 8");
+    if (a->filter_eps > 0.f && a->tile_mask == nullptr)
+      return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": filtering needs tile_mask");
+    if (a->max_col_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits must be >= 1");
+    return run_gradient<Input>(*a, static_cast<cudaStream_t>(stream));
+  }
+}

@@ -1,0 +1,168 @@
+#pragma once
+// Epilogue of the gradient panel: each recomputed tile of logits becomes dL/dz from the saved
+// LSEs (the row side's softmax terms and, for the contrastive loss, the column side's), and
+// G = scale * dL/dx is stored in the input type for the two products that follow. From the same
+// values: per row the sum of dL/dz * dot (dscale; the quad merges it when the row tile is done),
+// per column the sum of dL/dz over the tile's rows (dbias; one slot per tile), and the tile's
+// fate under gradient filtering: a tile whose softmax entries are all below filter_eps and that
+// holds no target is marked 0 in tile_mask and not stored (the products skip it).
+#include "fragment_reductions.cuh"
+
+namespace tlse::hopper {
+
+template <class T>
+struct GradientParams {
+  DeviceSide rows, cols;
+  DeviceLogitModel<T> logit;
+  DeviceTerms row_terms, col_terms;
+  float filter_eps;
+  int64_t col_begin, col_end;
+  T* G;
+  int64_t ldg;
+  uint8_t* tile_mask;
+  int64_t mask_ld;
+  float* row_dot_sums;
+  float* col_sums;
+};
+
+template <class T>
+struct GradientEpilogue {
+  using Params = GradientParams<T>;
+  struct SharedStorage {
+    TermsAt other[TILE_N];
+    float col_sum[8][TILE_N];
+    int flags[2][8];
+  };
+  static constexpr int ROWS = Fragment::ROWS;
+
+  const Params& p;
+  SharedStorage& s;
+  int ct;
+  int parity = 0;  // alternates the flag words between tiles
+  float row_dot[ROWS];
+
+  __device__ GradientEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
+      : p(params), s(storage), ct(consumer_thread) {}
+
+  __device__ static bool keep(const Params&, int, int) { return true; }
+
+  __device__ void begin_row(const Fragment&, const WorkUnit&, int) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) row_dot[r] = 0.f;
+  }
+
+  template <class Acc>
+  __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit&, int m, int n) {
+    const int64_t row0 = int64_t(m) * TILE_M, col0 = p.col_begin + int64_t(n) * TILE_N;
+    const bool other_on = p.col_terms.active(), own_on = p.row_terms.active();
+    const float eps = p.tile_mask ? p.filter_eps : 0.f;
+    consumer_sync();  // every thread is done with the previous tile's shared memory
+    if (other_on && ct < TILE_N) {
+      TermsAt t;
+      if (col0 + ct < p.col_end) t.load(p.col_terms, p.cols.id(col0 + ct));
+      s.other[ct] = t;
+    }
+    if (other_on) consumer_sync();
+    const bool simple = p.logit.simple_columns(col0, TILE_N) && col0 + TILE_N <= p.col_end;
+    const bool significant = simple ? dlogits<true>(acc, c, row0, col0, eps) : dlogits<false>(acc, c, row0, col0, eps);
+    if (p.col_sums) column_sums(acc, c, m, col0);
+    bool keep = true;
+    if (p.tile_mask) {
+      keep = consumers_any(significant, s.flags[parity], ct);
+      parity ^= 1;
+      if (ct == 0) p.tile_mask[int64_t(m) * p.mask_ld + n] = keep;
+    }
+    if (p.G && keep) store(acc, c, row0, col0);
+  }
+
+  /// acc: dot products -> dL/dz (Simple: columns of a simple model, x = scale * dot; a row that
+  /// takes no part gets 0). Returns whether any entry survives gradient filtering.
+  template <bool Simple, class Acc>
+  __device__ __forceinline__ bool dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
+    const bool other_on = p.col_terms.active(), own_on = p.row_terms.active();
+    bool significant = false;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + c.row(r);
+      const bool row_ok = p.rows.output(row) >= 0;
+      const int32_t rid = row_ok ? int32_t(p.rows.id(row)) : 0;
+      TermsAt own;
+      if (row_ok && own_on) own.load(p.row_terms, rid);
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; ++j) {
+        const int jc = c.col(j);
+        const int64_t col = col0 + jc;
+        float& v = Fragment::at(acc, r, j);
+        const float dot = v;
+        float dz = 0.f;
+        if (row_ok && (Simple || col < p.col_end)) {
+          const int32_t cid = Simple ? int32_t(col) : int32_t(p.cols.id(col));
+          const float x = Simple ? dot * p.logit.scale : p.logit(dot, rid, cid);
+          if (Simple || x != NEG_INF) {
+            float share = own_on ? own.share(x, cid, eps, significant) : 0.f;
+            if (other_on) share += s.other[jc].share(x, rid, eps, significant);
+            dz = Simple ? share : share * p.logit.dx_dz(x);
+          }
+          row_dot[r] += dz * dot;
+        }
+        v = dz;
+      }
+    }
+    return significant;
+  }
+
+  template <class Acc>
+  __device__ void column_sums(const Acc& acc, const Fragment& c, int m, int64_t col0) {
+    const int warp = ct >> 5, lane = ct & 31;
+#pragma unroll
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      const float t = column_lanes_sum(Fragment::at(acc, 0, j) + Fragment::at(acc, 1, j));
+      if (lane < 4) s.col_sum[warp][c.col(j)] = t;
+    }
+    consumer_sync();
+    const int64_t col = col0 + ct;
+    if (ct < TILE_N && col < p.col_end) {
+      float t = 0.f;
+#pragma unroll
+      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) t += s.col_sum[q][ct];
+      p.col_sums[int64_t(m) * (p.col_end - p.col_begin) + col - p.col_begin] = t;
+    }
+  }
+
+  /// G = scale * dL/dz in the input type, two adjacent columns per store.
+  template <class Acc>
+  __device__ void store(const Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
+    const float scale = p.logit.scale;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + c.row(r);
+      if (row >= p.rows.count) continue;
+      T* out = p.G + row * p.ldg + (col0 - p.col_begin);
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; j += 2) {
+        const int jc = c.col(j);  // even; jc + 1 is column j + 1
+        if (col0 + jc >= p.col_end) continue;
+        if constexpr (sizeof(T) == 2) {
+          cutlass::Array<T, 2> pair;
+          pair[0] = T(Fragment::at(acc, r, j) * scale), pair[1] = T(Fragment::at(acc, r, j + 1) * scale);
+          *reinterpret_cast<cutlass::Array<T, 2>*>(out + jc) = pair;  // ldg and col_begin even
+        } else {
+          *reinterpret_cast<float2*>(out + jc) =
+              make_float2(Fragment::at(acc, r, j) * scale, Fragment::at(acc, r, j + 1) * scale);
+        }
+      }
+    }
+  }
+
+  __device__ void end_row(const Fragment& c, const WorkUnit& w, int m) {
+    if (!p.row_dot_sums) return;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float v = quad_sum(row_dot[r]);
+      const int64_t pos = p.rows.output(int64_t(m) * TILE_M + c.row(r));
+      if ((ct & 3) == 0 && pos >= 0) p.row_dot_sums[int64_t(w.n_unit) * p.rows.positions + pos] = v;
+    }
+  }
+};
+
+}  // namespace tlse::hopper

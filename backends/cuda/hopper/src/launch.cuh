@@ -1,0 +1,70 @@
+#pragma once
+// Host side shared by the entry points: the error a call returns, argument checks, the launch of
+// the persistent kernel (one CTA per SM at most) and the split counts that keep the last wave full.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "kernel.cuh"
+#include "logit_model.cuh"
+
+namespace tlse::hopper {
+
+/// The reason of this thread's last failure (tlse_hop_error_string).
+std::string& last_error();
+
+/// Records the reason and returns the code.
+int fail(int code, const std::string& why);
+
+/// Multiprocessors of the current device (cached per device).
+int multiprocessors();
+
+/// TLSE_HOP_E_ARGUMENT unless an operand of `rows` rows of depth `depth` at `data` with leading
+/// dimension `ld` (elements of `elem` bytes) can be read by TMA: 16-byte aligned start and rows,
+/// counts and depth in [1, 2^31).
+int check_operand(const char* call, const char* name, const void* data, int64_t rows, int64_t depth, int64_t ld,
+                  int elem);
+
+/// Number of splits s in [1, max_splits] of `units` work units for a launch of blocks_per_split x s
+/// persistent CTAs' work on `sms` SMs (one CTA each): minimizes waves(s) x (ceil(units / s) + overhead),
+/// the launch's time when a unit costs its tiles plus a fixed overhead. Ties go to fewer splits.
+/// At least min_splits (clamped to the range).
+int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead = 1,
+                    int64_t min_splits = 1);
+
+/// Launches the kernel over the schedule's units on `stream`; 0 or a TLSE_HOP_E_LAUNCH failure.
+template <class Config, class Epilogue>
+int launch(const char* name, const KernelParams<Config, Epilogue>& kp, cudaStream_t stream) {
+  constexpr int smem = kernel_smem_bytes<Config, Epilogue>();
+  auto* kernel = &warp_specialized_kernel<Config, Epilogue>;
+  // Per call: the attribute belongs to the current device's context.
+  const cudaError_t configured = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (configured != cudaSuccess)
+    return fail(TLSE_HOP_E_LAUNCH, std::string(name) + ": cannot raise the shared memory limit to " +
+                                       std::to_string(smem) + " bytes: " + cudaGetErrorString(configured));
+  const int units = kp.schedule.units();
+  if (units == 0) return TLSE_HOP_OK;
+  const int grid = units < multiprocessors() ? units : multiprocessors();
+  kernel<<<grid, THREADS, smem, stream>>>(kp);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(TLSE_HOP_E_LAUNCH, std::string(name) + ": launch failed: " + cudaGetErrorString(e));
+  return TLSE_HOP_OK;
+}
+
+/// Calls f with the input type of `dtype` (cutlass::bfloat16_t, cutlass::half_t, or float for TF32).
+template <class F>
+int with_input_type(int32_t dtype, const char* call, F&& f) {
+  switch (dtype) {
+    case TLSE_HOP_BF16:
+      return f(cutlass::bfloat16_t{});
+    case TLSE_HOP_FP16:
+      return f(cutlass::half_t{});
+    case TLSE_HOP_TF32:
+      return f(float{});
+    default:
+      return fail(TLSE_HOP_E_ARGUMENT,
+                  std::string(call) + ": dtype " + std::to_string(dtype) + " is not a TLSE_HOP_* type");
+  }
+}
+
+}  // namespace tlse::hopper

@@ -1,0 +1,138 @@
+#pragma once
+// The elementwise model of the implicit matrix, as the epilogues see it: a side's positions and
+// ids, x = softcap(scale * dot + bias) with its masks, the online LSE merge, and one position's
+// softmax terms. The same arithmetic as core/tlse/impl/tile_problem.hpp (LogitModel, LseState)
+// and the mma.sync backward (TermsAt), so every path computes the same function.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../tlse_hopper.h"
+
+namespace tlse::hopper {
+
+constexpr float NEG_INF = -__builtin_huge_valf();
+
+struct DeviceSide {
+  int64_t count = 0;
+  const int32_t* index = nullptr;
+  const int32_t* position = nullptr;
+  int64_t positions = 0;  // entries per split of the outputs by position
+  __device__ __forceinline__ int64_t id(int64_t p) const { return index ? int64_t(index[p]) : p; }
+  /// The output position of row p, or -1 when it takes no part (past the end, or ignored).
+  __device__ __forceinline__ int64_t output(int64_t p) const {
+    return p >= count ? -1 : position ? int64_t(position[p]) : p;
+  }
+};
+
+inline DeviceSide device_side(const tlse_hop_side& s) {
+  return DeviceSide{s.count, s.index, s.position, s.positions > 0 ? s.positions : s.count};
+}
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+/// 2^x on the special function unit (relative error about 2^-22; subnormal results flush to 0,
+/// which no sum of exponentials here notices).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// exp(x - shift), x - shift formed first so that large logits keep their precision.
+__device__ __forceinline__ float exp_shifted(float x, float shift) { return ex2((x - shift) * LOG2E); }
+
+/// max that lets a NaN win (NaN inputs propagate to the LSE instead of vanishing).
+__device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
+
+template <class T>
+struct DeviceLogitModel {
+  float scale = 1;
+  const T* col_bias = nullptr;
+  float softcap = 0;
+  bool exclude_diagonal = false;
+  int64_t diagonal_offset = 0;
+  int64_t valid_cols = INT64_MAX;
+  /// Columns [0, simple_cols) of a side without index need nothing but the scale: no bias, no
+  /// softcap, no diagonal, no column past valid_cols (0 when the model is not that simple).
+  int64_t simple_cols = 0;
+
+  /// Whether every column of the tile at col0 needs only x = scale * dot (rows are checked one
+  /// by one: a row that takes no part is skipped whole).
+  __device__ __forceinline__ bool simple_columns(int64_t col0, int tile_n) const {
+    return col0 + tile_n <= simple_cols;
+  }
+
+  __device__ __forceinline__ float operator()(float dot, int64_t row_id, int64_t col_id) const {
+    if (col_id >= valid_cols || (exclude_diagonal && row_id + diagonal_offset == col_id)) return NEG_INF;
+    float z = scale * dot;
+    if (col_bias) z += float(col_bias[col_id]);
+    return softcap > 0.f ? softcap * tanhf(z / softcap) : z;
+  }
+  /// dx/dz of the softcap in terms of x itself (1 - tanh^2).
+  __device__ __forceinline__ float dx_dz(float x) const {
+    if (!(softcap > 0.f)) return 1.f;
+    const float t = x / softcap;
+    return 1.f - t * t;
+  }
+};
+
+template <class T>
+DeviceLogitModel<T> device_logit_model(const tlse_hop_logit_model& m, const tlse_hop_side& cols) {
+  DeviceLogitModel<T> d;
+  d.scale = m.scale;
+  d.col_bias = static_cast<const T*>(m.col_bias);
+  d.softcap = m.softcap;
+  d.exclude_diagonal = m.exclude_diagonal != 0;
+  d.diagonal_offset = m.diagonal_offset;
+  d.valid_cols = m.valid_cols;
+  const bool simple = !m.col_bias && !(m.softcap > 0.f) && !m.exclude_diagonal && !cols.index;
+  d.simple_cols = simple ? (cols.count < m.valid_cols ? cols.count : m.valid_cols) : 0;
+  return d;
+}
+
+/// Online LSE state merge (max, sum of exp(x - max)), as LseState::merge.
+__device__ __forceinline__ void lse_merge(float& max, float& sum, float other_max, float other_sum) {
+  if (other_max == NEG_INF) return;
+  if (max == NEG_INF) {
+    max = other_max;
+    sum = other_sum;
+  } else if (other_max > max) {
+    sum = sum * expf(max - other_max) + other_sum;
+    max = other_max;
+  } else {
+    sum += other_sum * expf(other_max - max);
+  }
+}
+
+struct DeviceTerms {
+  const float* lse = nullptr;
+  const float* g = nullptr;
+  const int32_t* target = nullptr;
+  const float* w = nullptr;
+  __device__ __forceinline__ bool active() const { return g != nullptr; }
+};
+
+inline DeviceTerms device_terms(const tlse_hop_terms& t) { return DeviceTerms{t.lse, t.g, t.target, t.w}; }
+
+/// One position's softmax terms: its share of dL/dx is g exp(x - lse), minus w where the other
+/// position is its target (see BackwardTiles::dlogit). Ids fit 32 bits (counts < 2^31).
+struct TermsAt {
+  float lse = 0, g = 0, w = 0;
+  int32_t target = -1;
+  __device__ __forceinline__ void load(const DeviceTerms& t, int64_t id) {
+    if (!t.active()) return;
+    lse = t.lse[id], g = t.g[id];
+    if (t.target) target = t.target[id], w = t.w[id];
+  }
+  /// Sets `significant` where the entry survives gradient filtering.
+  __device__ __forceinline__ float share(float x, int32_t other_id, float filter_eps, bool& significant) const {
+    const float p = exp_shifted(x, lse);
+    significant |= !(p < filter_eps);
+    if (target != other_id) return g * p;
+    significant = true;
+    return g * p - w;
+  }
+};
+
+}  // namespace tlse::hopper

@@ -1,0 +1,136 @@
+#pragma once
+// Epilogue of the forward: each finished tile becomes logits (the logit model) and is folded into
+// online LSE states. Rows: each thread keeps the state of its 2 rows over its 64 columns of every
+// tile of the unit, and the quad merges them once, when the row tile is done (row_max/row_sum
+// [column split][row]). Columns (Columns = true): per tile, the column max, sum of exponentials
+// and logit sum over the tile's 128 rows (lanes, then the 8 warps in order through shared memory)
+// are merged into the column slot of the unit's row group, which no other unit touches
+// (col_*[row group][col]); the group's first row tile writes it. No atomics.
+#include "fragment_reductions.cuh"
+
+namespace tlse::hopper {
+
+template <class T>
+struct LseForwardParams {
+  DeviceSide rows, cols;
+  DeviceLogitModel<T> logit;
+  float *row_max, *row_sum;
+  float *col_max, *col_sum, *col_logit_sum;
+};
+
+template <class T, bool Columns>
+struct LseForwardEpilogue {
+  using Params = LseForwardParams<T>;
+  struct SharedStorage {
+    float max[Columns ? 8 : 1][TILE_N], sum[Columns ? 8 : 1][TILE_N], total[Columns ? 8 : 1][TILE_N];
+  };
+  static constexpr int ROWS = Fragment::ROWS;
+
+  const Params& p;
+  SharedStorage& s;
+  int ct;
+  float run_max[ROWS], run_sum[ROWS];
+
+  __device__ LseForwardEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
+      : p(params), s(storage), ct(consumer_thread) {}
+
+  __device__ static bool keep(const Params&, int, int) { return true; }
+
+  __device__ void begin_row(const Fragment&, const WorkUnit&, int) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) run_max[r] = NEG_INF, run_sum[r] = 0.f;
+  }
+
+  template <class Acc>
+  __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
+    const int64_t row0 = int64_t(m) * TILE_M, col0 = int64_t(n) * TILE_N;
+    if (p.logit.simple_columns(col0, TILE_N))
+      rows<true>(acc, c, row0, col0);
+    else
+      rows<false>(acc, c, row0, col0);
+    if constexpr (Columns) columns(acc, c, w, m, col0);
+  }
+
+  /// Turns the tile into logits (Simple: columns of a simple model, x = scale * dot) and folds
+  /// each of the thread's rows into its running state; a row that takes no part becomes -inf.
+  template <bool Simple, class Acc>
+  __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + c.row(r);
+      const bool row_ok = p.rows.output(row) >= 0;
+      const int64_t rid = row_ok ? p.rows.id(row) : 0;
+      float mx = NEG_INF;
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; ++j) {
+        float& x = Fragment::at(acc, r, j);
+        if constexpr (Simple) {
+          x = row_ok ? x * p.logit.scale : NEG_INF;
+          mx = fmaxf(mx, x);  // a NaN is dropped here but poisons the sum below
+        } else {
+          const int64_t col = col0 + c.col(j);
+          x = row_ok && col < p.cols.count ? p.logit(x, rid, p.cols.id(col)) : NEG_INF;
+          mx = nan_max(mx, x);
+        }
+      }
+      if (mx == NEG_INF) continue;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; ++j) sum += exp_shifted(Fragment::at(acc, r, j), mx);
+      lse_merge(run_max[r], run_sum[r], mx, sum);
+    }
+  }
+
+  /// acc holds logits now.
+  template <class Acc>
+  __device__ void columns(const Acc& acc, const Fragment& c, const WorkUnit& w, int m, int64_t col0) {
+    const int warp = ct >> 5, lane = ct & 31;
+    const bool want_lse = p.col_max != nullptr, want_total = p.col_logit_sum != nullptr;
+    consumer_sync();  // every thread is done reading the previous tile's partials
+#pragma unroll
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      const float x0 = Fragment::at(acc, 0, j), x1 = Fragment::at(acc, 1, j);
+      if (want_lse) {
+        const float mx = column_lanes_max(nan_max(x0, x1));
+        const float e = mx == NEG_INF ? 0.f : exp_shifted(x0, mx) + exp_shifted(x1, mx);
+        const float sum = column_lanes_sum(e);
+        if (lane < 4) s.max[warp][c.col(j)] = mx, s.sum[warp][c.col(j)] = sum;
+      }
+      if (want_total) {
+        const float t = column_lanes_sum((x0 != NEG_INF ? x0 : 0.f) + (x1 != NEG_INF ? x1 : 0.f));
+        if (lane < 4) s.total[warp][c.col(j)] = t;
+      }
+    }
+    consumer_sync();
+    const int64_t col = col0 + ct;
+    if (ct >= TILE_N || col >= p.cols.count) return;
+    const int64_t slot = int64_t(w.m_unit) * p.cols.count + col;
+    const bool first = m == w.m_begin;
+    if (want_lse) {
+      float mx = first ? NEG_INF : p.col_max[slot], sum = first ? 0.f : p.col_sum[slot];
+#pragma unroll
+      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) lse_merge(mx, sum, s.max[q][ct], s.sum[q][ct]);
+      p.col_max[slot] = mx, p.col_sum[slot] = sum;
+    }
+    if (want_total) {
+      float t = first ? 0.f : p.col_logit_sum[slot];
+#pragma unroll
+      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) t += s.total[q][ct];
+      p.col_logit_sum[slot] = t;
+    }
+  }
+
+  __device__ void end_row(const Fragment& c, const WorkUnit& w, int m) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      quad_lse_merge(run_max[r], run_sum[r]);
+      const int64_t pos = p.rows.output(int64_t(m) * TILE_M + c.row(r));
+      if ((ct & 3) == 0 && pos >= 0) {
+        p.row_max[int64_t(w.n_unit) * p.rows.positions + pos] = run_max[r];
+        p.row_sum[int64_t(w.n_unit) * p.rows.positions + pos] = run_sum[r];
+      }
+    }
+  }
+};
+
+}  // namespace tlse::hopper

@@ -1,0 +1,95 @@
+// tlse_hop_product: the backward's products (mainloop + ProductEpilogue), bf16, with G as operand
+// A stored (dA += G B) or transposed (dB = G^T A) and the other operand rows-contiguous.
+#include "launch.cuh"
+#include "product_epilogue.cuh"
+
+namespace tlse::hopper {
+namespace {
+
+constexpr int PRODUCT_M_GROUP = 8;  // m tiles per swizzle group (L2 reuse of both operands)
+
+struct ProductShape {
+  int64_t m_tiles, n_tiles, k_tiles;
+  int k_splits, k_per_split;
+};
+
+ProductShape product_shape(int64_t M, int64_t N, int64_t K, int64_t k_step, int64_t max_k_splits, int sms) {
+  ProductShape s;
+  s.m_tiles = (M + TILE_M - 1) / TILE_M, s.n_tiles = (N + TILE_N - 1) / TILE_N, s.k_tiles = (K + k_step - 1) / k_step;
+  // A split adds an fp32 partial of the output to write and sum: count it as two K steps.
+  s.k_splits = balanced_splits(s.m_tiles * s.n_tiles, s.k_tiles, max_k_splits, sms, 2);
+  s.k_per_split = int((s.k_tiles + s.k_splits - 1) / s.k_splits);
+  s.k_splits = int((s.k_tiles + s.k_per_split - 1) / s.k_per_split);
+  return s;
+}
+
+template <class Input, bool TransposedA>
+int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
+  using Config = TileConfig<MmaElement<Input>, TransposedA, true>;
+  using Epilogue = ProductEpilogue<Input>;
+  ProductShape shape = product_shape(a.M, a.N, a.K, Config::BK, a.max_k_splits, multiprocessors());
+  const size_t partial_bytes = size_t(a.M) * size_t(a.N) * sizeof(float);
+  if (shape.k_splits > 1 && a.workspace_bytes < partial_bytes * size_t(shape.k_splits)) {
+    // Fewer splits in a smaller workspace (the caller sized it with tlse_hop_product_workspace).
+    const int64_t fit = int64_t(a.workspace_bytes / partial_bytes);
+    shape.k_splits = fit < 1 ? 1 : int(fit);
+    shape.k_per_split = int((shape.k_tiles + shape.k_splits - 1) / shape.k_splits);
+    shape.k_splits = int((shape.k_tiles + shape.k_per_split - 1) / shape.k_per_split);
+  }
+  a.k_splits = shape.k_splits;
+
+  KernelParams<Config, Epilogue> kp;
+  kp.mainloop = {Config::tma_a(a.a, a.M, a.K, a.lda), Config::tma_b(a.b, a.N, a.K, a.ldb), int32_t(a.M), int32_t(a.N),
+                 int32_t(a.K)};
+  kp.schedule = TileSchedule::make(int(shape.m_tiles), int(shape.n_tiles), int(shape.k_tiles), 1, 1, shape.k_per_split,
+                                   PRODUCT_M_GROUP);
+  auto& e = kp.epilogue;
+  e.M = a.M, e.N = a.N;
+  e.mask = a.mask, e.mask_ld = a.mask_ld, e.mask_of_a_transposed = a.mask_of_a_transposed != 0;
+  e.k_step = Config::BK;
+  e.out_f32 = a.out_f32, e.out = static_cast<Input*>(a.out), e.out_index = a.out_index, e.ldo = a.ldo;
+  e.accumulate = a.accumulate != 0;
+  e.partials = shape.k_splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
+  if (int err = launch("tlse_hop_product", kp, stream)) return err;
+  if (shape.k_splits == 1) return TLSE_HOP_OK;
+  const int64_t pairs = a.M * a.N / 2;
+  const int blocks = int(std::min<int64_t>((pairs + 255) / 256, int64_t(multiprocessors()) * 8));
+  split_reduce_kernel<Input><<<blocks, 256, 0, stream>>>(e, shape.k_splits);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? TLSE_HOP_OK
+                            : fail(TLSE_HOP_E_LAUNCH,
+                                   std::string("tlse_hop_product: reduce launch failed: ") + cudaGetErrorString(err));
+}
+
+}  // namespace
+}  // namespace tlse::hopper
+
+using namespace tlse::hopper;
+
+extern "C" size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits,
+                                             int device) {
+  if (dtype != TLSE_HOP_BF16 || M < 1 || N < 1 || K < 1) return 0;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
+  const ProductShape s = product_shape(M, N, K, 64, max_k_splits < 1 ? 1 : max_k_splits, sms);
+  return s.k_splits > 1 ? size_t(s.k_splits) * size_t(M) * size_t(N) * sizeof(float) : 0;
+}
+
+extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
+  static constexpr const char* call = "tlse_hop_product";
+  if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
+  if (a->dtype != TLSE_HOP_BF16) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 is built");
+  if (!a->b_transposed)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": B must be stored transposed (K x N rows)");
+  using Input = cutlass::bfloat16_t;
+  const int64_t a_rows = a->a_transposed ? a->K : a->M, a_depth = a->a_transposed ? a->M : a->K;
+  if (int e = check_operand(call, "a", a->a, a_rows, a_depth, a->lda, sizeof(Input))) return e;
+  if (int e = check_operand(call, "b", a->b, a->K, a->N, a->ldb, sizeof(Input))) return e;
+  if ((a->out_f32 == nullptr) == (a->out == nullptr))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exactly one of out_f32 and out is the output");
+  if (a->N % 2 != 0 || a->ldo < a->N || a->ldo % 2 != 0)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": N and ldo must be even, ldo >= N");
+  if (a->max_k_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_k_splits must be >= 1");
+  const auto s = static_cast<cudaStream_t>(stream);
+  return a->a_transposed ? run_product<Input, true>(*a, s) : run_product<Input, false>(*a, s);
+}

@@ -1,0 +1,346 @@
+// Checks the three kernel families of libtiledlse_hopper directly, against a float64 reference
+// that materializes the matrix: shapes that are not multiples of any tile, fresh random inputs per
+// run, extreme logits. Needs an sm_90 GPU (exit 77 = skipped without one). The library's users
+// (the Kokkos::Cuda specializations) are checked by the whole unit suite on top of this.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tlse_hopper.h"
+
+namespace {
+
+int failures = 0;
+std::mt19937_64 rng(std::random_device{}());
+
+#define CUDA_OK(x)                                                                         \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+void expect(bool ok, const std::string& what) {
+  std::printf("  %-72s %s\n", what.c_str(), ok ? "ok" : "FAILED");
+  if (!ok) ++failures;
+}
+
+/// Host copy of an operand in the input type, and its values as the tensor cores see them.
+struct Operand {
+  int dtype;
+  int64_t rows, depth;
+  std::vector<unsigned char> bytes;
+  std::vector<double> value;
+  int elem() const { return dtype == TLSE_HOP_TF32 ? 4 : 2; }
+  void fill(double stddev) {
+    std::normal_distribution<double> n(0.0, stddev);
+    bytes.assign(size_t(rows * depth * elem()), 0);
+    value.resize(size_t(rows * depth));
+    for (int64_t i = 0; i < rows * depth; ++i) {
+      const float v = float(n(rng));
+      if (dtype == TLSE_HOP_BF16) {
+        const __nv_bfloat16 b = __float2bfloat16(v);
+        std::memcpy(&bytes[i * 2], &b, 2);
+        value[i] = double(__bfloat162float(b));
+      } else if (dtype == TLSE_HOP_FP16) {
+        const __half h = __float2half(v);
+        std::memcpy(&bytes[i * 2], &h, 2);
+        value[i] = double(__half2float(h));
+      } else {
+        std::memcpy(&bytes[i * 4], &v, 4);
+        value[i] = double(v);
+      }
+    }
+  }
+  void* device() const {
+    void* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, bytes.size()));
+    CUDA_OK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    return d;
+  }
+};
+
+std::vector<double> logits(const Operand& A, const Operand& B, double scale) {
+  std::vector<double> x(size_t(A.rows * B.rows));
+  for (int64_t i = 0; i < A.rows; ++i)
+    for (int64_t j = 0; j < B.rows; ++j) {
+      double d = 0;
+      for (int64_t k = 0; k < A.depth; ++k) d += A.value[i * A.depth + k] * B.value[j * B.depth + k];
+      x[i * B.rows + j] = scale * d;
+    }
+  return x;
+}
+
+template <class T>
+std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CUDA_OK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+double merge_lse(const std::vector<float>& max, const std::vector<float>& sum, int64_t parts, int64_t n, int64_t i) {
+  double m = -INFINITY;
+  for (int64_t p = 0; p < parts; ++p) m = std::max(m, double(max[p * n + i]));
+  double s = 0;
+  for (int64_t p = 0; p < parts; ++p)
+    if (max[p * n + i] != -INFINITY) s += double(sum[p * n + i]) * std::exp(double(max[p * n + i]) - m);
+  return m + std::log(s);
+}
+
+/// Forward: row LSE, column LSE and column logit sums against the reference. The tolerance is the
+/// logits' float accumulation error (depth * 2^-24 * scale * sum |a||b|, bounded generously) plus
+/// TF32's operand rounding (2^-10 relative per operand) where it applies.
+void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev) {
+  Operand A{dtype, R, D}, B{dtype, C, D};
+  A.fill(stddev), B.fill(stddev);
+  const std::vector<double> x = logits(A, B, scale);
+  void *dA = A.device(), *dB = B.device();
+  const int64_t max_splits = 8, max_groups = 4;
+  float* parts = nullptr;
+  const size_t n_parts = size_t(2 * max_splits * R + 3 * max_groups * C);
+  CUDA_OK(cudaMalloc(&parts, n_parts * sizeof(float)));
+  tlse_hop_forward_args a{};
+  a.dtype = dtype;
+  a.rows = {dA, D, R, nullptr};
+  a.cols = {dB, D, C, nullptr};
+  a.depth = D;
+  a.logit.scale = float(scale);
+  a.logit.valid_cols = INT64_MAX;
+  a.row_max = parts, a.row_sum = parts + max_splits * R;
+  a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
+  a.col_logit_sum = a.col_sum + max_groups * C;
+  a.max_col_splits = max_splits, a.max_row_groups = max_groups;
+  const int rc = tlse_hop_lse_forward(&a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::string name = "forward dtype " + std::to_string(dtype) + " " + std::to_string(R) + "x" +
+                           std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale);
+  if (rc != 0) {
+    expect(false, name + ": " + tlse_hop_error_string());
+    return;
+  }
+  const auto h = download(parts, n_parts);
+  const std::vector<float> row_max(h.begin(), h.begin() + a.col_splits * R),
+      row_sum(h.begin() + max_splits * R, h.begin() + max_splits * R + a.col_splits * R);
+  const float* cm = h.data() + 2 * max_splits * R;
+  const std::vector<float> col_max(cm, cm + a.row_groups * C),
+      col_sum(cm + max_groups * C, cm + max_groups * C + a.row_groups * C);
+  const double u = dtype == TLSE_HOP_TF32 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -20);
+  double worst_row = 0, worst_col = 0, worst_sum = 0;
+  for (int64_t i = 0; i < R; ++i) {
+    double m = -INFINITY, s = 0, amax = 0;
+    for (int64_t j = 0; j < C; ++j) m = std::max(m, x[i * C + j]);
+    for (int64_t j = 0; j < C; ++j) s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j]));
+    const double ref = m + std::log(s), got = merge_lse(row_max, row_sum, a.col_splits, R, i);
+    worst_row = std::max(worst_row, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
+  }
+  for (int64_t j = 0; j < C; ++j) {
+    double m = -INFINITY, s = 0, amax = 0, total = 0;
+    for (int64_t i = 0; i < R; ++i) m = std::max(m, x[i * C + j]);
+    for (int64_t i = 0; i < R; ++i)
+      s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j])), total += x[i * C + j];
+    const double ref = m + std::log(s), got = merge_lse(col_max, col_sum, a.row_groups, C, j);
+    worst_col = std::max(worst_col, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
+    double got_total = 0;
+    for (int64_t g = 0; g < a.row_groups; ++g) got_total += h[2 * max_splits * R + 2 * max_groups * C + g * C + j];
+    worst_sum =
+        std::max(worst_sum, std::fabs(got_total - total) / (u * (amax + 1) * std::sqrt(double(D)) * R + 1e-4 * R));
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ": splits %ld groups %ld, error/tolerance row %.3f col %.3f sums %.3f",
+                long(a.col_splits), long(a.row_groups), worst_row, worst_col, worst_sum);
+  expect(worst_row <= 1 && worst_col <= 1 && worst_sum <= 1, name + buf);
+  cudaFree(dA), cudaFree(dB), cudaFree(parts);
+}
+
+/// Backward, bf16: a gradient panel (row terms of a cross-entropy: lse, g, target, w), then
+/// dA = G B_panel (fp32 out) and dB_panel = G^T A (bf16 out through an index), against the
+/// reference computed from the exact dL/dx. G is rounded to bf16 (2^-9 relative), which bounds
+/// the products' error by 2^-8 sum |G||B| per element.
+void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end, double filter_eps) {
+  const int dtype = TLSE_HOP_BF16;
+  Operand A{dtype, R, D}, B{dtype, C, D};
+  A.fill(1.0), B.fill(4.0 / std::sqrt(double(D)));
+  const double scale = 1.0;
+  const std::vector<double> x = logits(A, B, scale);
+  std::vector<float> lse(R), g(R), w(R);
+  std::vector<int32_t> target(R);
+  for (int64_t i = 0; i < R; ++i) {
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < C; ++j) m = std::max(m, x[i * C + j]);
+    for (int64_t j = 0; j < C; ++j) s += std::exp(x[i * C + j] - m);
+    lse[i] = float(m + std::log(s));
+    g[i] = w[i] = 1.0f / float(R);
+    target[i] = int32_t(rng() % uint64_t(C));
+  }
+  const int64_t W = col_end - col_begin, ldg = (W + 7) / 8 * 8;
+  // dz for the panel, from the float LSE the kernel sees.
+  std::vector<double> dz(size_t(R * W));
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = col_begin; j < col_end; ++j)
+      dz[i * W + j - col_begin] = g[i] * std::exp(x[i * C + j] - double(lse[i])) - (target[i] == j ? w[i] : 0.0);
+
+  void *dA = A.device(), *dB = B.device();
+  auto up = [](const auto& v) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    T* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, v.size() * sizeof(T)));
+    CUDA_OK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  };
+  float *d_lse = up(lse), *d_g = up(g), *d_w = up(w);
+  int32_t* d_target = up(target);
+  void* G = nullptr;
+  CUDA_OK(cudaMalloc(&G, size_t(R * ldg * 2)));
+  CUDA_OK(cudaMemset(G, 0, size_t(R * ldg * 2)));
+  const int64_t row_tiles = (R + TLSE_HOP_TILE_M - 1) / TLSE_HOP_TILE_M,
+                col_tiles = (W + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N;
+  uint8_t* mask = nullptr;
+  CUDA_OK(cudaMalloc(&mask, size_t(row_tiles * col_tiles)));
+  float *row_dot = nullptr, *col_sums = nullptr;
+  CUDA_OK(cudaMalloc(&row_dot, size_t(16 * R) * sizeof(float)));
+  CUDA_OK(cudaMalloc(&col_sums, size_t(row_tiles * W) * sizeof(float)));
+  tlse_hop_gradient_args a{};
+  a.dtype = dtype;
+  a.rows = {dA, D, R, nullptr};
+  a.cols = {dB, D, C, nullptr};
+  a.depth = D;
+  a.logit.scale = float(scale);
+  a.logit.valid_cols = INT64_MAX;
+  a.row_terms = {d_lse, d_g, d_target, d_w};
+  a.filter_eps = float(filter_eps);
+  a.col_begin = col_begin, a.col_end = col_end;
+  a.G = G, a.ldg = ldg, a.tile_mask = mask;
+  a.row_dot_sums = row_dot, a.col_sums = col_sums;
+  a.max_col_splits = 16;
+  const std::string name = "backward " + std::to_string(R) + "x" + std::to_string(C) + "x" + std::to_string(D) +
+                           " panel [" + std::to_string(col_begin) + "," + std::to_string(col_end) + ") eps " +
+                           std::to_string(filter_eps);
+  int rc = tlse_hop_gradient(&a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  if (rc != 0) {
+    expect(false, name + ": gradient: " + tlse_hop_error_string());
+    return;
+  }
+  // Row sums of dz * dot and column sums of dz.
+  const auto h_row = download(row_dot, size_t(a.col_splits * R));
+  const auto h_col = download(col_sums, size_t(row_tiles * W));
+  const auto h_mask = download(mask, size_t(row_tiles * col_tiles));
+  double worst_rowsum = 0, worst_colsum = 0;
+  for (int64_t i = 0; i < R; ++i) {
+    double ref = 0, bound = 0, got = 0;
+    for (int64_t j = 0; j < W; ++j)
+      ref += dz[i * W + j] * x[i * C + col_begin + j], bound += std::fabs(dz[i * W + j] * x[i * C + col_begin + j]);
+    for (int64_t s = 0; s < a.col_splits; ++s) got += h_row[s * R + i];
+    worst_rowsum = std::max(worst_rowsum, std::fabs(got - ref) / (1e-4 * bound + 1e-7));
+  }
+  for (int64_t j = 0; j < W; ++j) {
+    double ref = 0, bound = 0, got = 0;
+    for (int64_t i = 0; i < R; ++i) ref += dz[i * W + j], bound += std::fabs(dz[i * W + j]);
+    for (int64_t t = 0; t < row_tiles; ++t) got += h_col[t * W + j];
+    worst_colsum = std::max(worst_colsum, std::fabs(got - ref) / (1e-4 * bound + 1e-7));
+  }
+  int64_t kept = 0;
+  for (auto v : h_mask) kept += v != 0;
+  // Products. dA (R x D fp32) = G B_panel; dB (W x D bf16, rows through a reversed index) = G^T A.
+  float* dA_out = nullptr;
+  CUDA_OK(cudaMalloc(&dA_out, size_t(R * D) * sizeof(float)));
+  void* dB_out = nullptr;
+  CUDA_OK(cudaMalloc(&dB_out, size_t(W * D * 2)));
+  std::vector<int32_t> order(W);
+  for (int64_t j = 0; j < W; ++j) order[j] = int32_t(W - 1 - j);
+  int32_t* d_order = up(order);
+  const size_t ws =
+      std::max(tlse_hop_product_workspace(dtype, R, D, W, 32, 0), tlse_hop_product_workspace(dtype, W, D, R, 32, 0));
+  void* workspace = nullptr;
+  if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
+  tlse_hop_product_args p{};
+  p.dtype = dtype;
+  p.a = G, p.lda = ldg, p.a_transposed = 0;
+  p.b = static_cast<char*>(dB) + col_begin * D * 2, p.ldb = D, p.b_transposed = 1;
+  p.M = R, p.N = D, p.K = W;
+  p.mask = filter_eps > 0 ? mask : nullptr, p.mask_ld = col_tiles, p.mask_of_a_transposed = 0;
+  p.out_f32 = dA_out, p.ldo = D;
+  p.workspace = workspace, p.workspace_bytes = ws, p.max_k_splits = 32;
+  rc = tlse_hop_product(&p, nullptr);
+  const int64_t splits_a = p.k_splits;
+  if (rc == 0) {
+    p.a_transposed = 1;
+    p.b = dA, p.ldb = D;
+    p.M = W, p.N = D, p.K = R;
+    p.mask_of_a_transposed = 1;
+    p.out_f32 = nullptr, p.out = dB_out, p.out_index = d_order;
+    rc = tlse_hop_product(&p, nullptr);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  if (rc != 0) {
+    expect(false, name + ": product: " + tlse_hop_error_string());
+    return;
+  }
+  const auto h_dA = download(dA_out, size_t(R * D));
+  const auto h_dB = download(static_cast<__nv_bfloat16*>(dB_out), size_t(W * D));
+  double worst_dA = 0, worst_dB = 0;
+  const double u = std::ldexp(1.0, -8);
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t k = 0; k < D; ++k) {
+      double ref = 0, bound = 0;
+      for (int64_t j = 0; j < W; ++j) {
+        const double t = dz[i * W + j] * scale * B.value[(col_begin + j) * D + k];
+        ref += t, bound += std::fabs(t);
+      }
+      worst_dA = std::max(worst_dA, std::fabs(double(h_dA[i * D + k]) - ref) / (u * bound + 1e-6));
+    }
+  for (int64_t j = 0; j < W; ++j)
+    for (int64_t k = 0; k < D; ++k) {
+      double ref = 0, bound = 0;
+      for (int64_t i = 0; i < R; ++i) {
+        const double t = dz[i * W + j] * scale * A.value[i * D + k];
+        ref += t, bound += std::fabs(t);
+      }
+      const double got = double(__bfloat162float(h_dB[order[j] * D + k]));
+      worst_dB = std::max(worst_dB, std::fabs(got - ref) / (u * bound + u * std::fabs(ref) + 1e-6));
+    }
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                ": tiles kept %ld/%ld, k splits %ld/%ld, err/tol rowsum %.3f colsum %.3f dA %.3f dB %.3f", long(kept),
+                long(row_tiles * col_tiles), long(splits_a), long(p.k_splits), worst_rowsum, worst_colsum, worst_dA,
+                worst_dB);
+  expect(worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1, name + buf);
+  for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, (void*)mask, (void*)row_dot,
+                    (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace})
+    cudaFree(ptr);
+}
+
+}  // namespace
+
+int main() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || !tlse_hop_device_supported(device)) {
+    std::printf("no sm_90 device: skipped\n");
+    return 77;
+  }
+  std::printf("forward (row LSE, column LSE, column logit sums):\n");
+  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {
+    check_forward(dtype, 300, 700, 200, 1.0, 0.3);
+    check_forward(dtype, 1000, 1500, 72, 3.0, 1.0);
+  }
+  check_forward(TLSE_HOP_BF16, 257, 513, 520, 1.0, 0.2);
+  check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
+  std::printf("backward (gradient panel, products):\n");
+  check_backward(300, 1000, 200, 0, 1000, 0.0);
+  check_backward(700, 1500, 136, 256, 1300, 0.0);
+  check_backward(1100, 2000, 64, 512, 2000, 1.0 / 4096);
+  std::printf("%s\n", failures ? "FAILED" : "all passed");
+  return failures ? 1 : 0;
+}

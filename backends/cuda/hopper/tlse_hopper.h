@@ -1,0 +1,173 @@
+/* tlse_hopper.h: the C entry points of TiledLSE's Hopper (sm_90a) kernels.
+ *
+ * libtiledlse_hopper is compiled by a CUDA >= 12.4 compiler for compute_90a, links cudart
+ * statically and exports only the functions below, so a program built with another CUDA (the
+ * Kokkos side, CUDA 11.8 here) calls it with its own stream and device pointers: both runtimes
+ * share the device's primary context. Three kernel families, one mainloop (TMA loads through an
+ * mbarrier pipeline, one producer warp, two consumer warpgroups issuing wgmma) with three
+ * epilogues:
+ *   - tlse_hop_lse_forward: online LSE states of the rows and, from the same tiles, of the
+ *     columns (contrastive) and the column logit sums (vocabulary sorting);
+ *   - tlse_hop_gradient: a panel of G = scale * dL/dx (the backward's recomputed tiles), with the
+ *     row sums (dscale), column sums (dbias) and the per-tile filtering mask;
+ *   - tlse_hop_product: out (+)= A x B for the backward's two products (either operand may be
+ *     stored transposed), skipping the K steps that gradient filtering removed.
+ * Every call is deterministic (no atomics; fixed-order reductions) and only enqueues work on the
+ * given stream. Each returns 0 or a TLSE_HOP_E* code; tlse_hop_error_string names the problem.
+ *
+ * Operands are row-major with a leading dimension, 16-byte aligned, in the element type `dtype`
+ * (TLSE_HOP_TF32: float data read as TF32). Positions index the operand rows as stored; an
+ * optional `index` maps a position to the id the logit model and the softmax terms use. */
+#ifndef TLSE_HOPPER_H
+#define TLSE_HOPPER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exported from the library; everything else in it is hidden (tlse_hopper.map). */
+#if defined(__GNUC__)
+#define TLSE_HOP_API __attribute__((visibility("default")))
+#else
+#define TLSE_HOP_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum tlse_hop_dtype { TLSE_HOP_BF16 = 1, TLSE_HOP_FP16 = 2, TLSE_HOP_TF32 = 3 };
+
+enum tlse_hop_status {
+  TLSE_HOP_OK = 0,
+  TLSE_HOP_E_DEVICE = 1,   /* no device, or not compute capability 9.0 */
+  TLSE_HOP_E_ARGUMENT = 2, /* a shape, alignment, dtype or pointer the kernels cannot take */
+  TLSE_HOP_E_LAUNCH = 3    /* a CUDA error at configuration or launch */
+};
+
+/* One side of the implicit matrix: `count` rows of `depth` elements, row p at data + p * ld.
+ * index maps a row to its id (logit model, softmax terms, gradient rows); NULL: the identity.
+ * position (rows side only) maps a row to the position its outputs take (row LSE partials,
+ * dscale sums), -1 for a row that takes no part (an ignored token); NULL: the identity. Outputs
+ * by position have `positions` entries per split (0: count). */
+typedef struct {
+  const void* data;
+  int64_t ld;
+  int64_t count;
+  const int32_t* index;
+  const int32_t* position;
+  int64_t positions;
+} tlse_hop_side;
+
+/* x = softcap(scale * dot + bias[col id]), or -inf where masked: col id >= valid_cols, or
+ * row id + diagonal_offset == col id when exclude_diagonal. */
+typedef struct {
+  float scale;
+  const void* col_bias; /* by column id, in the input type (float for TLSE_HOP_TF32), or NULL */
+  float softcap;        /* 0: none */
+  int32_t exclude_diagonal;
+  int64_t diagonal_offset;
+  int64_t valid_cols; /* INT64_MAX: every column */
+} tlse_hop_logit_model;
+
+/* The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
+ * row_max/row_sum[split y][rows positions] for the column splits (rows without a position unwritten), col_max/col_sum/col_logit_sum
+ * [row group x][cols.count] for the row groups (each group owns its column slots). */
+typedef struct {
+  int32_t dtype;
+  tlse_hop_side rows, cols;
+  int64_t depth;
+  tlse_hop_logit_model logit;
+  float *row_max, *row_sum;
+  float *col_max, *col_sum; /* NULL: no column LSE */
+  float* col_logit_sum;     /* NULL: no column logit sums */
+  int64_t max_col_splits, max_row_groups;
+  int64_t col_splits, row_groups; /* out: what the call used */
+} tlse_hop_forward_args;
+
+/* One position's share of dL/dx (by id): g * exp(x - lse) - (other id == target ? w : 0).
+ * g == NULL: the side contributes nothing. */
+typedef struct {
+  const float* lse;
+  const float* g;
+  const int32_t* target;
+  const float* w;
+} tlse_hop_terms;
+
+/* Gradient panel: columns [col_begin, col_end) of the cols side against every row. Writes
+ * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (tile (r, c) left unwritten
+ * where filtered); tile_mask[row tile][panel column tile] = 0 where every softmax entry of the
+ * 128 x 256 tile is below filter_eps and it holds no target, 1 otherwise. */
+typedef struct {
+  int32_t dtype; /* TLSE_HOP_BF16 (fp16 cannot hold G unscaled; TF32 products need K-major copies) */
+  tlse_hop_side rows, cols;
+  int64_t depth;
+  tlse_hop_logit_model logit;
+  tlse_hop_terms row_terms, col_terms;
+  float filter_eps; /* 0: no filtering, tile_mask may be NULL */
+  int64_t col_begin, col_end;
+  void* G; /* NULL: no gradient rows wanted (only the sums) */
+  int64_t ldg;
+  uint8_t* tile_mask;
+  float* row_dot_sums; /* [split y][rows positions]: sum over the split's columns of dL/dz * dot; or NULL */
+  float* col_sums;     /* [row tile][col_end - col_begin]: sum over the tile's rows of dL/dz; or NULL */
+  int64_t max_col_splits;
+  int64_t col_splits; /* out */
+} tlse_hop_gradient_args;
+
+/* out = A (M x K) times B (K x N), fp32 accumulation. A(m, k) is a[m * lda + k], or a[k * lda + m]
+ * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. With a
+ * mask (a gradient panel's tile_mask, mask_ld columns), K steps of a G tile the panel filtered are
+ * skipped: G is operand A, as stored (mask_of_a_transposed = 0: mask[m / 128][k / 256]) or
+ * transposed (1: mask[k / 128][m / 256]).
+ * Output, one of:
+ *   out_f32 (ldo): out_f32[m * ldo + n] = (accumulate ? out_f32[..] : 0) + acc;
+ *   out (ldo, the input type): row out_index[m] (or m): out[row * ldo + n] = T((accumulate ? out : 0) + acc).
+ * K is split into at most max_k_splits fixed-order pieces when the output has too few tiles to
+ * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace). */
+typedef struct {
+  int32_t dtype; /* TLSE_HOP_BF16 */
+  const void* a;
+  int64_t lda;
+  int32_t a_transposed;
+  const void* b;
+  int64_t ldb;
+  int32_t b_transposed;
+  int64_t M, N, K;
+  const uint8_t* mask;
+  int64_t mask_ld;
+  int32_t mask_of_a_transposed;
+  float* out_f32;
+  void* out;
+  const int32_t* out_index;
+  int64_t ldo;
+  int32_t accumulate;
+  void* workspace;
+  size_t workspace_bytes;
+  int64_t max_k_splits;
+  int64_t k_splits; /* out */
+} tlse_hop_product_args;
+
+/* 1 when the library can run on `device` (compute capability 9.0 and a driver that loads its
+ * sm_90a code), 0 otherwise. Cheap after the first call. */
+TLSE_HOP_API int tlse_hop_device_supported(int device);
+
+/* Fills col_splits and row_groups as tlse_hop_lse_forward will use them (nothing is launched),
+ * so that the caller can place the partials; 0 or an error code. */
+TLSE_HOP_API int tlse_hop_lse_forward_plan(tlse_hop_forward_args* args);
+TLSE_HOP_API int tlse_hop_lse_forward(tlse_hop_forward_args* args, void* cuda_stream);
+TLSE_HOP_API int tlse_hop_gradient(tlse_hop_gradient_args* args, void* cuda_stream);
+TLSE_HOP_API int tlse_hop_product(tlse_hop_product_args* args, void* cuda_stream);
+
+/* Bytes of `workspace` tlse_hop_product needs for these sizes (0 when K is not split). */
+TLSE_HOP_API size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits, int device);
+
+/* The reason for the last non-zero return of this thread's last call, or "". */
+TLSE_HOP_API const char* tlse_hop_error_string(void);
+
+/* Tile shapes, for the caller's workspace plans: the gradient panel's tiles and the products' K step. */
+enum { TLSE_HOP_TILE_M = 128, TLSE_HOP_TILE_N = 256 };
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TLSE_HOPPER_H */

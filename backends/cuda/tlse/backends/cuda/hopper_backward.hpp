@@ -1,0 +1,193 @@
+#pragma once
+// The fused backward on the Hopper kernels (plan: hopper_backward_plan.hpp). Per panel of
+// columns, in order:
+//   1. tlse_hop_gradient recomputes the panel's tiles (every row) into G = scale * dL/dx (bf16),
+//      the per-tile filtering mask, the row sums of dL/dz * dot (dscale) and the column sums of
+//      dL/dz (dbias);
+//   2. dB_panel = G^T A (tlse_hop_product, G read transposed): complete, written to the
+//      gradient rows of the panel's columns (through the column index), or added into the dA
+//      accumulator for the self-similarity form, whose columns are its rows;
+//   3. acc += G B_panel (fp32, rows x depth).
+// Then dA = acc (+ dA with accumulate). The steps run in a fixed order with fixed-order sums:
+// bitwise reproducible. Filtered tiles are neither stored nor multiplied. Columns visited through
+// an index (the vocabulary order) are gathered per panel, since TMA reads contiguous rows.
+#if defined(TLSE_HAVE_HOPPER)
+#include <tlse/backends/cuda/hopper_backward_plan.hpp>
+#include <tlse/backends/cuda/hopper_forward.hpp>
+#include <tlse/backends/cuda/mma_primitives.hpp>
+#include <tlse/impl/backward_request.hpp>
+
+namespace tlse::impl::cuda {
+
+/// dst[p] = src row index[p] for p < count, `depth` elements of T each (16-byte copies).
+template <class T>
+__global__ void gather_rows_kernel(const T* src, const int* index, index_t count, index_t depth, T* dst) {
+  const index_t chunks = depth * index_t(sizeof(T)) / 16, total = count * chunks;
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t p = i / chunks, c = i % chunks;
+    reinterpret_cast<uint4*>(dst + p * depth)[c] = reinterpret_cast<const uint4*>(src + index_t(index[p]) * depth)[c];
+  }
+}
+
+/// out[i] (+)= the sum over `splits` of part[s * n + i], in order (the first panel writes).
+__global__ void add_row_sums_kernel(const float* part, int splits, index_t n, float* out, bool add) {
+  const index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = 0.f;
+  for (int s = 0; s < splits; ++s) v += part[s * n + i];
+  out[i] = add ? out[i] + v : v;
+}
+
+/// dbias[id of column col_begin + j] (+)= the sum over the row tiles of col_sums[t][j], in order.
+template <class T>
+__global__ void column_sums_kernel(const float* col_sums, index_t row_tiles, index_t width, const int* index,
+                                   index_t col_begin, T* dbias, bool accumulate) {
+  const index_t j = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= width) return;
+  float v = 0.f;
+  for (index_t t = 0; t < row_tiles; ++t) v += col_sums[t * width + j];
+  T& out = dbias[index ? index_t(index[col_begin + j]) : col_begin + j];
+  out = from_acc<T>(accumulate ? to_acc<float>(out) + v : v);
+}
+
+/// grad[i] = acc[i] (+ grad[i] with accumulate), rounded to T once.
+template <class T>
+__global__ void finish_rows_kernel(const float* acc, index_t n, T* grad, bool accumulate) {
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
+    grad[i] = from_acc<T>(accumulate ? to_acc<float>(grad[i]) + acc[i] : acc[i]);
+}
+
+inline unsigned grid_for(index_t work, int threads = 256) {
+  return unsigned(std::max<index_t>(1, std::min<index_t>((work + threads - 1) / threads, 65535)));
+}
+
+struct LseBackwardHopper {
+  /// The plan for a shape, when the fused backward takes it (bf16; the rows side is not split).
+  template <class T>
+  static bool plan(int device, const BackwardShape& s, FusedBackwardPlan& out) {
+    if (!std::is_same<T, bfloat16>::value || s.rows <= 0 || s.cols <= 0 || s.depth <= 0 || s.depth % 8 != 0)
+      return false;
+    out = FusedBackwardPlan::make(s.rows, s.cols, s.depth, s.memory_budget, multiprocessors(device));
+    return out.fits;
+  }
+
+  /// Runs the request on `stream`; false when it does not qualify (the passes then run).
+  template <class T>
+  static bool run(cudaStream_t stream, int device, const BackwardRequest<T, float>& r) {
+    const TileProblem<T, float>& prob = r.prob;
+    tlse_hop_side rows{};
+    if (!std::is_same<T, bfloat16>::value || r.scratch == nullptr || !hopper_side(prob.rows, prob.depth, true, rows) ||
+        reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
+      return false;
+    // The widest plan the scratch holds: the one scratch_bytes sized for the call's budget.
+    const FusedBackwardPlan plan =
+        FusedBackwardPlan::make(rows.count, prob.cols.count, prob.depth, r.scratch_bytes, multiprocessors(device));
+    if (!plan.fits) return false;
+    const index_t D = prob.depth, R = rows.count;
+    WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
+    const FusedBackwardPlan::Buffers buf = plan.carve(carver);
+    T* grad_rows = r.grad_rows;
+    const bool self = r.cols_into_rows;
+    T* grad_cols = self ? nullptr : r.grad_cols;
+    const bool want_rows = grad_rows != nullptr, want_cols = grad_cols != nullptr || (self && want_rows);
+    if (want_rows) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
+
+    tlse_hop_gradient_args g{};
+    g.dtype = TLSE_HOP_BF16;
+    g.rows = rows;
+    g.depth = D;
+    g.logit = hopper_logit(prob.logit);
+    g.row_terms = hopper_terms(r.row_terms);
+    g.col_terms = hopper_terms(r.col_terms);
+    g.filter_eps = float(r.filter_eps);
+    g.G = want_rows || want_cols ? buf.G : nullptr;
+    g.ldg = plan.ldg;
+    g.tile_mask = buf.mask;
+    g.max_col_splits = FusedBackwardPlan::MAX_SWEEP_SPLITS;
+    const bool filtered = g.filter_eps > 0.f && g.G != nullptr;
+    const T* B = prob.cols.data;
+    for (index_t first = 0; first < prob.cols.count; first += plan.panel) {
+      const index_t width = std::min(plan.panel, prob.cols.count - first);
+      // The panel's columns: in place, or gathered through the index (the panel is then the
+      // whole gathered side, and the index gives the ids).
+      const T* panel = B + first * D;
+      if (prob.cols.index) {
+        gather_rows_kernel<T><<<grid_for(width * D / 8), 256, 0, stream>>>(B, prob.cols.index + first, width, D,
+                                                                           reinterpret_cast<T*>(buf.panel_rows));
+        check_launch("gather_rows_kernel");
+        panel = reinterpret_cast<const T*>(buf.panel_rows);
+        g.cols = tlse_hop_side{panel, D, width, prob.cols.index + first, nullptr, 0};
+        g.col_begin = 0, g.col_end = width;
+      } else {
+        g.cols = tlse_hop_side{B, D, prob.cols.count, nullptr, nullptr, 0};
+        g.col_begin = first, g.col_end = first + width;
+      }
+      const index_t mask_ld = (width + FusedBackwardPlan::TILE_N - 1) /
+                              FusedBackwardPlan::TILE_N;  // the mask row, as tlse_hop_gradient lays it
+      g.row_dot_sums = r.dscale_part ? buf.row_dot : nullptr;
+      g.col_sums = r.dbias ? buf.col_sums : nullptr;
+      check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient");
+      if (r.dscale_part) {
+        add_row_sums_kernel<<<grid_for(prob.rows.count), 256, 0, stream>>>(buf.row_dot, int(g.col_splits),
+                                                                           prob.rows.count, r.dscale_part, first > 0);
+        check_launch("add_row_sums_kernel");
+      }
+      if (r.dbias) {
+        column_sums_kernel<T><<<grid_for(width), 256, 0, stream>>>(buf.col_sums, plan.row_tiles(), width,
+                                                                   prob.cols.index, first, r.dbias, r.accumulate);
+        check_launch("column_sums_kernel");
+      }
+      if (want_cols) {  // dB_panel = G^T A
+        tlse_hop_product_args p = product(plan, buf, filtered ? mask_ld : 0, plan.k_splits_cols);
+        p.a_transposed = 1, p.mask_of_a_transposed = 1;
+        p.b = rows.data, p.ldb = D;
+        p.M = width, p.N = D, p.K = R;
+        if (self) {
+          p.out_f32 = buf.acc + first * D;
+          p.accumulate = 1;
+        } else {
+          p.out = prob.cols.index ? static_cast<void*>(grad_cols) : static_cast<void*>(grad_cols + first * D);
+          p.out_index = prob.cols.index ? prob.cols.index + first : nullptr;
+          p.accumulate = r.accumulate;
+        }
+        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
+      }
+      if (want_rows) {  // acc += G B_panel
+        tlse_hop_product_args p = product(plan, buf, filtered ? mask_ld : 0, plan.k_splits_rows);
+        p.b = panel, p.ldb = D;
+        p.M = R, p.N = D, p.K = width;
+        p.out_f32 = buf.acc;
+        p.accumulate = 1;
+        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
+      }
+    }
+    if (want_rows) {
+      finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.acc, R * D, grad_rows, r.accumulate);
+      check_launch("finish_rows_kernel");
+    }
+    return true;
+  }
+
+ private:
+  static tlse_hop_terms hopper_terms(const SoftmaxTerms<float>& t) { return tlse_hop_terms{t.lse, t.g, t.target, t.w}; }
+
+  /// The arguments both products share: G as operand A, the panel's tile mask (mask_ld tiles a
+  /// row; 0: no filtering), the split partials.
+  static tlse_hop_product_args product(const FusedBackwardPlan& plan, const FusedBackwardPlan::Buffers& buf,
+                                       index_t mask_ld, int k_splits) {
+    tlse_hop_product_args p{};
+    p.dtype = TLSE_HOP_BF16;
+    p.a = buf.G, p.lda = plan.ldg;
+    p.b_transposed = 1;
+    p.mask = mask_ld > 0 ? buf.mask : nullptr;
+    p.mask_ld = mask_ld;
+    p.ldo = plan.depth;
+    p.workspace = buf.partials;
+    p.workspace_bytes = size_t(plan.partial_floats()) * sizeof(float);
+    p.max_k_splits = k_splits;
+    return p;
+  }
+};
+
+}  // namespace tlse::impl::cuda
+#endif

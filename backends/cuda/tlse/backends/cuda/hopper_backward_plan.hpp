@@ -1,0 +1,97 @@
+#pragma once
+// How the fused backward on the Hopper kernels (hopper_backward.hpp) cuts a problem under a
+// memory budget. It walks the columns in panels; per panel it recomputes the tiles once into
+// G = scale * dL/dx (rows x panel, bf16) and multiplies G twice: dB_panel = G^T A is complete
+// (every row is in the panel), dA += G B_panel goes to an fp32 accumulator (rows x depth) summed
+// over the panels in order. 4 products per forward + backward step instead of 5, and the widest
+// panel the budget allows. Host arithmetic only, so that the host suite checks it.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <tlse/backends/cuda/launch_shape.hpp>
+#include <tlse/impl/workspace_carver.hpp>
+
+namespace tlse::impl::cuda {
+
+struct FusedBackwardPlan {
+  // The Hopper kernels' tiles (tlse_hopper.h) and the products' K step (128 bytes of bf16).
+  static constexpr std::int64_t TILE_M = 128, TILE_N = 256, K_STEP = 64;
+  static constexpr int MAX_SWEEP_SPLITS = 16, MAX_K_SPLITS = 16;
+  static constexpr std::int64_t ELEMENT = 2;  // bf16
+
+  std::int64_t rows = 0, cols = 0, depth = 0;
+  std::int64_t panel = 0, ldg = 0;           // panel width (a multiple of TILE_N unless it is every column)
+  int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G B_panel (K = panel) and dB = G^T A (K = rows)
+  std::size_t bytes = 0;                     // workspace of the plan
+  bool fits = false;                         // within the budget
+
+  std::int64_t row_tiles() const { return (rows + TILE_M - 1) / TILE_M; }
+  std::int64_t panel_tiles() const { return (panel + TILE_N - 1) / TILE_N; }
+  std::int64_t panels() const { return panel > 0 ? (cols + panel - 1) / panel : 0; }
+
+  /// K splits of a product with an M x N output over K, as libtiledlse_hopper chooses them (one
+  /// CTA per SM; a split costs two K steps of partial writes and sums).
+  static int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms) {
+    const std::int64_t out_tiles = ((M + TILE_M - 1) / TILE_M) * ((N + TILE_N - 1) / TILE_N);
+    return balanced_splits(out_tiles, (K + K_STEP - 1) / K_STEP, MAX_K_SPLITS, sms, 2, 1);
+  }
+
+  /// The arrays of the plan, carved in this order (the sizes are worst cases: every output wanted,
+  /// the columns visited through an index, so one plan serves every call of the shape).
+  struct Buffers {
+    float* acc;           // rows x depth: dA, summed over the panels
+    char* G;              // rows x ldg bf16
+    unsigned char* mask;  // row tiles x panel tiles: the tiles gradient filtering kept
+    float* row_dot;       // MAX_SWEEP_SPLITS x rows: a panel's row sums of dL/dz * dot (dscale)
+    float* col_sums;      // row tiles x panel: a panel's column sums of dL/dz (dbias)
+    char* panel_rows;     // panel x depth bf16: the panel's columns gathered through the index
+    float* partials;      // the products' K-split partials
+  };
+  Buffers carve(WorkspaceCarver& c) const {
+    Buffers b;
+    b.acc = c.take<float>(rows * depth);
+    b.G = c.take<char>(rows * ldg * ELEMENT);
+    b.mask = c.take<unsigned char>(row_tiles() * panel_tiles());
+    b.row_dot = c.take<float>(MAX_SWEEP_SPLITS * rows);
+    b.col_sums = c.take<float>(row_tiles() * panel);
+    b.panel_rows = c.take<char>(panel * depth * ELEMENT);
+    b.partials = c.take<float>(partial_floats());
+    return b;
+  }
+  std::int64_t partial_floats() const {
+    return std::max<std::int64_t>(k_splits_rows > 1 ? k_splits_rows * rows * depth : 0,
+                                  k_splits_cols > 1 ? k_splits_cols * panel * depth : 0);
+  }
+
+  /// The plan for `panel` columns per panel.
+  static FusedBackwardPlan with_panel(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel,
+                                      int sms) {
+    FusedBackwardPlan p;
+    p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel;
+    p.ldg = (panel + 7) / 8 * 8;
+    p.k_splits_rows = product_k_splits(rows, depth, panel, sms);
+    p.k_splits_cols = product_k_splits(panel, depth, rows, sms);
+    WorkspaceCarver sizing;
+    p.carve(sizing);
+    p.bytes = sizing.bytes();
+    return p;
+  }
+
+  /// The widest panel whose workspace fits `budget`; fits = false (and the narrowest plan) when
+  /// not even one tile column does.
+  static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
+    const std::int64_t widest = cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N;
+    for (std::int64_t panel = widest; panel > 0; panel = panel > TILE_N ? panel - TILE_N : 0) {
+      const std::int64_t width = std::min(panel, cols);
+      FusedBackwardPlan p = with_panel(rows, cols, depth, width, sms);
+      if (p.bytes <= budget) {
+        p.fits = true;
+        return p;
+      }
+      if (panel <= TILE_N) return p;
+    }
+    return FusedBackwardPlan{};
+  }
+};
+
+}  // namespace tlse::impl::cuda

@@ -1,0 +1,71 @@
+#pragma once
+// Which kernels a Kokkos::Cuda call runs: the Hopper kernels (libtiledlse_hopper: TMA, wgmma,
+// warp-specialized; sm_90 and a build with TLSE_HAVE_HOPPER), the mma.sync tensor-core kernels
+// (sm_80 and later), or the generic Kokkos kernels. TLSE_CUDA_KERNELS=hopper|mma|generic in the
+// environment forces one for every call of the process, to compare them (read once; a forced
+// path a device cannot run falls back to the next: hopper -> mma -> generic). Unset or `auto`:
+// the fastest path the device runs, except that the Hopper kernels are taken only when asked for
+// until they have passed the GPU suite (hopper_by_default). TLSE_GENERIC_ONLY=1 still means generic.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tlse/impl/backend_dispatch.hpp>
+#include <vector>
+
+#if defined(TLSE_HAVE_HOPPER)
+#include <tlse_hopper.h>
+#endif
+
+namespace tlse::impl::cuda {
+
+enum class KernelPath { hopper, mma, generic };
+
+/// The Hopper kernels compiled and linked, but not yet run on a GPU in this project's suite:
+/// `auto` does not pick them until they have (docs/gpu.md).
+constexpr bool hopper_by_default = false;
+
+/// What TLSE_CUDA_KERNELS asks for; throws on a value it does not know.
+inline const char* requested_kernel_path() {
+  static const char* requested = [] {
+    const char* v = std::getenv("TLSE_CUDA_KERNELS");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return "auto";
+    for (const char* known : {"hopper", "mma", "generic"})
+      if (std::strcmp(v, known) == 0) return known;
+    throw std::invalid_argument(std::string("tlse: TLSE_CUDA_KERNELS is '") + v +
+                                "'; expected auto, hopper, mma or generic");
+  }();
+  return requested;
+}
+
+inline int compute_capability(int device) {
+  static std::mutex mutex;
+  static std::vector<int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0) return 0;
+  if (int(known.size()) <= device) known.resize(device + 1, -1);
+  if (known[device] < 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    known[device] = 10 * major + minor;
+  }
+  return known[device];
+}
+
+/// The kernels calls on `device` run.
+inline KernelPath kernel_path(int device) {
+  if (!specializations_enabled()) return KernelPath::generic;
+  const std::string requested = requested_kernel_path();
+  if (requested == "generic") return KernelPath::generic;
+#if defined(TLSE_HAVE_HOPPER)
+  const bool hopper_wanted = requested == "hopper" || (requested == "auto" && hopper_by_default);
+  if (hopper_wanted && tlse_hop_device_supported(device)) return KernelPath::hopper;
+#endif
+  return compute_capability(device) >= 80 ? KernelPath::mma : KernelPath::generic;
+}
+
+}  // namespace tlse::impl::cuda

@@ -1,0 +1,64 @@
+// The fused Hopper backward's plan (backends/cuda/tlse/backends/cuda/hopper_backward_plan.hpp) is
+// host arithmetic: checked here on every build, GPU or not. A plan must fit its budget, take the
+// widest panel that does, and size exactly what it carves.
+#include <gtest/gtest.h>
+
+#include <tlse/backends/cuda/hopper_backward_plan.hpp>
+
+namespace {
+
+using tlse::impl::cuda::FusedBackwardPlan;
+constexpr int H200_SMS = 132;
+constexpr std::size_t MiB = std::size_t(1) << 20;
+
+TEST(HopperPlan, WidestPanelWithinTheBudget) {
+  struct Case {
+    std::int64_t rows, cols, depth;
+    std::size_t budget;
+  };
+  for (const Case c :
+       {Case{8192, 128256, 4096, 256 * MiB}, Case{8192, 128256, 4096, 1024 * MiB}, Case{4096, 128256, 4096, 256 * MiB},
+        Case{8192, 256000, 2304, 256 * MiB}, Case{65536, 65536, 512, 256 * MiB}, Case{1000, 777, 136, 64 * MiB},
+        Case{300, 100, 64, 64 * MiB}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " x " + std::to_string(c.depth) + ", " +
+                 std::to_string(c.budget / MiB) + " MiB");
+    const FusedBackwardPlan p = FusedBackwardPlan::make(c.rows, c.cols, c.depth, c.budget, H200_SMS);
+    ASSERT_TRUE(p.fits);
+    EXPECT_LE(p.bytes, c.budget);
+    EXPECT_TRUE(p.panel == c.cols || p.panel % FusedBackwardPlan::TILE_N == 0) << p.panel;
+    EXPECT_LE(p.panel, c.cols);
+    EXPECT_EQ(p.ldg % 8, 0);
+    EXPECT_GE(p.ldg, p.panel);
+    if (p.panel < c.cols) {  // one more tile column would not fit
+      const auto wider = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth,
+                                                       std::min(c.cols, p.panel + FusedBackwardPlan::TILE_N), H200_SMS);
+      EXPECT_GT(wider.bytes, c.budget);
+    }
+    // What it sizes is what it carves.
+    tlse::impl::WorkspaceCarver sizing;
+    p.carve(sizing);
+    EXPECT_EQ(sizing.bytes(), p.bytes);
+    // The scratch sized for the budget gives the same plan back (the call plans from its scratch).
+    const FusedBackwardPlan again = FusedBackwardPlan::make(c.rows, c.cols, c.depth, p.bytes, H200_SMS);
+    EXPECT_EQ(again.panel, p.panel);
+    EXPECT_EQ(again.bytes, p.bytes);
+  }
+}
+
+TEST(HopperPlan, BudgetBelowOneTileColumnDoesNotFit) {
+  // The accumulator alone (65536 x 512 floats) is 128 MiB.
+  const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 128 * MiB, H200_SMS);
+  EXPECT_FALSE(p.fits);
+  EXPECT_GT(p.bytes, 128 * MiB);
+}
+
+TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {
+  // dB = G^T A of a narrow panel has few output tiles and a long K: split; dA has many tiles: not.
+  const auto p = FusedBackwardPlan::with_panel(65536, 65536, 512, 1024, H200_SMS);
+  EXPECT_EQ(p.k_splits_rows, 1);
+  EXPECT_GT(p.k_splits_cols, 1);
+  EXPECT_LE(p.k_splits_cols, FusedBackwardPlan::MAX_K_SPLITS);
+  EXPECT_EQ(p.partial_floats(), std::int64_t(p.k_splits_cols) * 1024 * 512);
+}
+
+}  // namespace
