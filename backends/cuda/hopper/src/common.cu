@@ -63,6 +63,16 @@ int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits,
   return int(best);
 }
 
+/// Bytes of L2 the row panels of the CTAs running together may take.
+constexpr int64_t L2_PANEL_BUDGET = int64_t(24) << 20;
+
+int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes) {
+  const int sms = multiprocessors();
+  const int64_t panel = int64_t(TILE_M) * depth * element_bytes;
+  const int64_t min_splits = (int64_t(sms) * panel + L2_PANEL_BUDGET - 1) / L2_PANEL_BUDGET;
+  return balanced_splits(row_units, col_tiles, max_splits, sms, 1, min_splits);
+}
+
 }  // namespace tlse::hopper
 
 using namespace tlse::hopper;

@@ -5,26 +5,19 @@
 namespace tlse::hopper {
 namespace {
 
-/// Bytes of L2 the row panels of the CTAs running together may take (each re-reads its panel for
-/// every column tile): the column splits are at least sms * panel / this.
-constexpr int64_t L2_PANEL_BUDGET = int64_t(24) << 20;
-
 /// Row tiles per group and column tiles per split; fills a.col_splits and a.row_groups.
 struct ForwardShape {
   int64_t row_tiles, col_tiles, per_group, per_split;
 };
 
 ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
-  const int sms = multiprocessors();
   ForwardShape s;
   s.row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, s.col_tiles = (a.cols.count + TILE_N - 1) / TILE_N;
   const bool columns = a.col_max || a.col_logit_sum;
   int64_t groups = columns ? std::min<int64_t>(s.row_tiles, a.max_row_groups) : s.row_tiles;
   s.per_group = (s.row_tiles + groups - 1) / groups;
   groups = (s.row_tiles + s.per_group - 1) / s.per_group;  // every group has a first row tile
-  const int64_t panel = int64_t(TILE_M) * a.depth * element_bytes;
-  const int64_t min_splits = (int64_t(sms) * panel + L2_PANEL_BUDGET - 1) / L2_PANEL_BUDGET;
-  const int splits = balanced_splits(groups, s.col_tiles, a.max_col_splits, sms, 1, min_splits);
+  const int splits = sweep_splits(groups, s.col_tiles, a.max_col_splits, a.depth, element_bytes);
   s.per_split = (s.col_tiles + splits - 1) / splits;
   a.col_splits = (s.col_tiles + s.per_split - 1) / s.per_split;
   a.row_groups = groups;

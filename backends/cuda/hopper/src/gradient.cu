@@ -9,11 +9,10 @@ template <class Input>
 int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
   using Epilogue = GradientEpilogue<Input>;
-  const int sms = multiprocessors();
   const int64_t width = a.col_end - a.col_begin;
   const int64_t row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, col_tiles = (width + TILE_N - 1) / TILE_N;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
-  const int splits = balanced_splits(row_tiles, col_tiles, a.max_col_splits, sms);
+  const int splits = sweep_splits(row_tiles, col_tiles, a.max_col_splits, a.depth, sizeof(Input));
   const int64_t per_split = (col_tiles + splits - 1) / splits;
   a.col_splits = (col_tiles + per_split - 1) / per_split;
 

@@ -54,7 +54,7 @@ struct GradientEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit&, int m, int n) {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = p.col_begin + int64_t(n) * TILE_N;
-    const bool other_on = p.col_terms.active(), own_on = p.row_terms.active();
+    const bool other_on = p.col_terms.active();
     const float eps = p.tile_mask ? p.filter_eps : 0.f;
     consumer_sync();  // every thread is done with the previous tile's shared memory
     if (other_on && ct < TILE_N) {

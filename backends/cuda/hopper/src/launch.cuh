@@ -32,6 +32,12 @@ int check_operand(const char* call, const char* name, const void* data, int64_t 
 int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead = 1,
                     int64_t min_splits = 1);
 
+/// Column splits of a sweep over col_tiles column tiles by `row_units` row units (a unit re-reads
+/// its row panel, TILE_M x depth elements of element_bytes, for every column tile): at least
+/// enough that the panels of the CTAs running together fit L2_PANEL_BUDGET (units are numbered
+/// split-fastest, so the CTAs of one wave share sms / splits panels), then the full last wave.
+int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes);
+
 /// Launches the kernel over the schedule's units on `stream`; 0 or a TLSE_HOP_E_LAUNCH failure.
 template <class Config, class Epilogue>
 int launch(const char* name, const KernelParams<Config, Epilogue>& kp, cudaStream_t stream) {
