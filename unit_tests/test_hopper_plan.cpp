@@ -26,10 +26,10 @@ TEST(HopperPlan, WidestPanelWithinTheBudget) {
     ASSERT_TRUE(p.fits);
     EXPECT_LE(p.bytes, c.budget);
     EXPECT_TRUE(p.panel == c.cols || p.panel % FusedBackwardPlan::TILE_N == 0) << p.panel;
-    EXPECT_LE(p.panel, c.cols);
+    EXPECT_LE(p.panel, std::min(c.cols, FusedBackwardPlan::MAX_PANEL));
     EXPECT_EQ(p.ldg % 8, 0);
     EXPECT_GE(p.ldg, p.panel);
-    if (p.panel < c.cols) {  // one more tile column would not fit
+    if (p.panel < std::min(c.cols, FusedBackwardPlan::MAX_PANEL)) {  // one more tile column would not fit
       const auto wider = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth,
                                                        std::min(c.cols, p.panel + FusedBackwardPlan::TILE_N), H200_SMS);
       EXPECT_GT(wider.bytes, c.budget);
@@ -50,6 +50,13 @@ TEST(HopperPlan, BudgetBelowOneTileColumnDoesNotFit) {
   const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 128 * MiB, H200_SMS);
   EXPECT_FALSE(p.fits);
   EXPECT_GT(p.bytes, 128 * MiB);
+}
+
+TEST(HopperPlan, SplitsOnlyProductsWithFewerTilesThanSMs) {
+  // 8192 x 2304 outputs have 576 tiles: never split, whatever the panel (a split's partials
+  // would be 72 MiB each).
+  for (std::int64_t panel : {256, 1792, 8192})
+    EXPECT_EQ(FusedBackwardPlan::with_panel(8192, 256000, 2304, panel, H200_SMS).k_splits_rows, 1);
 }
 
 TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {

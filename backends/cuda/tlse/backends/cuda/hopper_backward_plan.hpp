@@ -17,6 +17,9 @@ struct FusedBackwardPlan {
   // The Hopper kernels' tiles (tlse_hopper.h) and the products' K step (128 bytes of bf16).
   static constexpr std::int64_t TILE_M = 128, TILE_N = 256, K_STEP = 64;
   static constexpr int MAX_SWEEP_SPLITS = 16, MAX_K_SPLITS = 16;
+  /// Past this many columns a wider panel saves nothing measurable (the accumulator's read and
+  /// write per panel cost 2 / panel bytes per flop) and only takes memory.
+  static constexpr std::int64_t MAX_PANEL = 16384;
   static constexpr std::int64_t ELEMENT = 2;  // bf16
 
   std::int64_t rows = 0, cols = 0, depth = 0;
@@ -29,10 +32,13 @@ struct FusedBackwardPlan {
   std::int64_t panel_tiles() const { return (panel + TILE_N - 1) / TILE_N; }
   std::int64_t panels() const { return panel > 0 ? (cols + panel - 1) / panel : 0; }
 
-  /// K splits of a product with an M x N output over K, as libtiledlse_hopper chooses them (one
-  /// CTA per SM; a split costs two K steps of partial writes and sums).
+  /// K splits of a product with an M x N output over K: only when the output has fewer tiles than
+  /// the device has SMs (a split's fp32 partial of the whole output costs memory that a better
+  /// last wave does not repay), then as libtiledlse_hopper chooses them (one CTA per SM; a split
+  /// costs two K steps of partial writes and sums).
   static int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms) {
     const std::int64_t out_tiles = ((M + TILE_M - 1) / TILE_M) * ((N + TILE_N - 1) / TILE_N);
+    if (out_tiles >= sms) return 1;
     return balanced_splits(out_tiles, (K + K_STEP - 1) / K_STEP, MAX_K_SPLITS, sms, 2, 1);
   }
 
@@ -77,10 +83,11 @@ struct FusedBackwardPlan {
     return p;
   }
 
-  /// The widest panel whose workspace fits `budget`; fits = false (and the narrowest plan) when
-  /// not even one tile column does.
+  /// The widest panel (up to MAX_PANEL) whose workspace fits `budget`; fits = false (and the
+  /// narrowest plan) when not even one tile column does.
   static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
-    const std::int64_t widest = cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N;
+    const std::int64_t widest =
+        std::min(MAX_PANEL, cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N);
     for (std::int64_t panel = widest; panel > 0; panel = panel > TILE_N ? panel - TILE_N : 0) {
       const std::int64_t width = std::min(panel, cols);
       FusedBackwardPlan p = with_panel(rows, cols, depth, width, sms);
