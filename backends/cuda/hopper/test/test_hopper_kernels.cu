@@ -1,7 +1,8 @@
 // Checks the three kernel families of libtiledlse_hopper directly, against a float64 reference
 // that materializes the matrix: shapes that are not multiples of any tile, fresh random inputs per
-// run, extreme logits. Needs an sm_90 GPU (exit 77 = skipped without one). The library's users
-// (the Kokkos::Cuda specializations) are checked by the whole unit suite on top of this.
+// run, extreme logits. The argument checks run anywhere; the kernels need an sm_90 GPU (exit 77:
+// not run, without one). The library's users (the Kokkos::Cuda specializations) are checked by
+// the whole unit suite on top of this.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -322,13 +323,82 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
     cudaFree(ptr);
 }
 
+/// The entry points refuse what the kernels cannot take, with a reason naming the argument,
+/// before touching the device: checked everywhere, GPU or not (CI runs this part).
+void check_arguments() {
+  alignas(16) static unsigned char data[1 << 16];
+  float part[64];
+  const auto refused = [](int status, const char* needle, const std::string& what) {
+    const std::string why = tlse_hop_error_string();
+    expect(status == TLSE_HOP_E_ARGUMENT && why.find(needle) != std::string::npos,
+           what + " -> \"" + why.substr(0, 60) + "\"");
+  };
+  const auto forward = [&] {
+    tlse_hop_forward_args a{};
+    a.dtype = TLSE_HOP_BF16;
+    a.rows = {data, 64, 100, nullptr, nullptr, 0};
+    a.cols = {data, 64, 300, nullptr, nullptr, 0};
+    a.depth = 64;
+    a.logit.scale = 1;
+    a.logit.valid_cols = INT64_MAX;
+    a.row_max = a.row_sum = part;
+    a.max_col_splits = a.max_row_groups = 4;
+    return a;
+  };
+  refused(tlse_hop_lse_forward(nullptr, nullptr), "args is NULL", "forward: no arguments");
+  auto a = forward();
+  a.dtype = 7;
+  refused(tlse_hop_lse_forward(&a, nullptr), "dtype 7", "forward: unknown dtype");
+  a = forward();
+  a.rows.data = data + 2;
+  refused(tlse_hop_lse_forward(&a, nullptr), "rows is not 16-byte aligned", "forward: misaligned rows");
+  a = forward();
+  a.cols.ld = 60;
+  refused(tlse_hop_lse_forward(&a, nullptr), "cols has leading dimension 60", "forward: ld below the depth");
+  a = forward();
+  a.rows.count = 0;
+  refused(tlse_hop_lse_forward(&a, nullptr), "rows has 0 rows", "forward: no rows");
+  a = forward();
+  a.col_max = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "col_max and col_sum go together", "forward: col_max alone");
+  a = forward();
+  const int planned = tlse_hop_lse_forward_plan(&a);
+  expect(planned == TLSE_HOP_OK && a.col_splits >= 1 && a.col_splits <= 4 && a.row_groups == 1,
+         "forward plan: " + std::to_string(a.col_splits) + " splits, " + std::to_string(a.row_groups) + " row groups");
+
+  tlse_hop_gradient_args g{};
+  g.dtype = TLSE_HOP_FP16;
+  refused(tlse_hop_gradient(&g, nullptr), "only TLSE_HOP_BF16", "gradient: fp16");
+  g.dtype = TLSE_HOP_BF16;
+  g.rows = {data, 64, 100, nullptr, nullptr, 0};
+  g.cols = {data, 64, 300, nullptr, nullptr, 0};
+  g.depth = 64;
+  g.col_begin = 256, g.col_end = 400;
+  refused(tlse_hop_gradient(&g, nullptr), "panel [256, 400)", "gradient: panel past the columns");
+  g.col_end = 300, g.filter_eps = 0.01f;
+  refused(tlse_hop_gradient(&g, nullptr), "filtering needs tile_mask", "gradient: filtering without a mask");
+
+  tlse_hop_product_args p{};
+  p.dtype = TLSE_HOP_TF32;
+  refused(tlse_hop_product(&p, nullptr), "only TLSE_HOP_BF16", "product: TF32");
+  p.dtype = TLSE_HOP_BF16;
+  p.a = data, p.lda = 64, p.b = data, p.ldb = 64, p.b_transposed = 1;
+  p.M = 100, p.N = 64, p.K = 64, p.ldo = 64, p.max_k_splits = 1;
+  refused(tlse_hop_product(&p, nullptr), "exactly one of out_f32 and out", "product: no output");
+  p.out_f32 = part, p.N = 63, p.ldb = 64;
+  refused(tlse_hop_product(&p, nullptr), "N and ldo must be even", "product: odd N");
+  expect(tlse_hop_device_supported(-1) == 0, "device -1 is not supported");
+}
+
 }  // namespace
 
 int main() {
+  std::printf("arguments (no device needed):\n");
+  check_arguments();
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || !tlse_hop_device_supported(device)) {
-    std::printf("no sm_90 device: skipped\n");
-    return 77;
+    std::printf("no sm_90 device: the kernels were not run%s\n", failures ? "; argument checks FAILED" : "");
+    return failures ? 1 : 77;
   }
   std::printf("forward (row LSE, column LSE, column logit sums):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {
