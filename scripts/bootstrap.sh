@@ -22,7 +22,8 @@ log() { echo "[bootstrap] $*" >&2; }
 debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
                  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
                  python3 python3-numpy python3-matplotlib
-                 gfortran python3-torch python3-pytest)  # Fortran example; Python package tests
+                 gfortran python3-torch python3-pytest  # Fortran example; Python package tests
+                 python3-pip python3-venv)  # scripts/wheel.sh (pip wheel .), the wheel installed in a venv
 
 # Writes apt sources derived from the machine's own Debian entry, so no archive host is typed
 # here: $2 = Types (e.g. "deb-src"), $3 = Components.
