@@ -67,7 +67,7 @@ def build_stub():
         setattr(package, kind, _directive(kind))
     package.CMakePackage, package.CudaPackage = CMakePackage, CudaPackage
     package.run_after = lambda phase: (lambda f: f)
-    for name in ("which", "working_dir", "join_path"):
+    for name in ("which", "working_dir", "join_path", "cache_extra_test_sources"):
         setattr(package, name, lambda *a, **k: None)
     # Spack sets python_platlib in an extension's module (python-venv's setup_dependent_package).
     package.python_platlib = CMakePackage.prefix + "/lib/python3.11/site-packages"

@@ -78,7 +78,7 @@ class TiledLse(CMakePackage, CudaPackage):
     @run_after("install")
     def cache_examples(self):
         """Keeps examples/ for `spack test run tiled-lse`."""
-        self.cache_extra_test_sources([self.examples_src_dir])
+        cache_extra_test_sources(self, [self.examples_src_dir])
 
     def test_examples(self):
         """builds examples/ (C++, C, Fortran if available) against the installed package and runs them"""
