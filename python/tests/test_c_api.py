@@ -115,5 +115,5 @@ def test_cuda_build_without_gpu():
     child = subprocess.run([sys.executable, "-c", NO_GPU_CHILD], env=env, capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stdout + child.stderr
     lines = child.stdout.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("C API: 2 tlse_context_create: ") and lines[1].startswith("Python: "), \
-        child.stdout
+    assert len(lines) == 2, child.stdout
+    assert lines[0].startswith("C API: 2 tlse_context_create: ") and lines[1].startswith("Python: "), child.stdout

@@ -99,7 +99,7 @@ def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
     order = torch.empty((v if want_order else 0,), dtype=torch.int32, device=e.device)
     if comm is None:
         workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
-                                    dtype, n, v, d)
+                                    dtype, n, v, d)  # must live through the call below
         L.call("tlse_cross_entropy_forward", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
                _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order) if want_order else None, ctypes.byref(options))
     else:
@@ -123,7 +123,7 @@ def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs
     order = order if order is not None and order.numel() else None
     if comm is None:
         workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
-                                    dtype, n, v, d)
+                                    dtype, n, v, d)  # must live through the call below
         L.call("tlse_cross_entropy_backward", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
                _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
                ctypes.byref(options))
@@ -163,7 +163,7 @@ def contrastive_forward(image, text, scale, labels, symmetric, comm=None):
     col = col_lse if symmetric else None
     if comm is None:
         workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx, device, stream,
-                                    dtype, b, c)
+                                    dtype, b, c)  # must live through the call below
         L.call("tlse_contrastive_forward", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
                _ptr(loss), _ptr(row_lse), _ptr(col), ctypes.byref(options))
     else:
@@ -186,7 +186,7 @@ def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, sy
     col = col_lse if symmetric else None
     if comm is None:
         workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx, device, stream,
-                                    dtype, b, c)
+                                    dtype, b, c)  # must live through the call below
         L.call("tlse_contrastive_backward", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
                _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale), ctypes.byref(options))
     else:
