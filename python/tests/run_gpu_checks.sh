@@ -6,8 +6,9 @@
 #   python/tests/run_gpu_checks.sh [pytest arguments]
 #
 # 1. Lays out the installed package as the CUDA wheel has it (scripts/wheel.sh --cuda): the
-#    carried tiledlse/ with libtiledlse_c.so and libcudart.so.11.0 inside, in a fresh folder
-#    that is the only thing added to the Python path (no TILEDLSE_LIBRARY).
+#    carried tiledlse/ with libtiledlse_c.so and libcudart.so.11.0 inside (and
+#    libtiledlse_hopper.so when carried), in a fresh folder that is the only thing added to the
+#    Python path (no TILEDLSE_LIBRARY).
 # 2. Runs every Python test against it, CPU and CUDA tensors: test_tiledlse, test_c_api (the
 #    no-GPU case in a child with CUDA_VISIBLE_DEVICES=), test_compile (torch.library.opcheck,
 #    a model compiled with fullgraph=True), test_transformers (Llama and Gemma 2 against the
@@ -27,7 +28,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 site=$(mktemp -d)
 cp -r "$carry/python/tiledlse" "$site/"
-cp "$carry/libtiledlse_c.so" "$carry/libcudart.so.11.0" "$site/tiledlse/"
+# libtiledlse_c.so, and the libraries it loads from beside itself (RUNPATH $ORIGIN): the CUDA
+# runtime, and libtiledlse_hopper.so where the build has the Hopper kernels.
+cp "$carry"/libtiledlse_*.so "$carry/libcudart.so.11.0" "$site/tiledlse/"
 status=0
 (cd "$site" && PYTHONPATH=$site "$python" -c "
 import os, tiledlse
