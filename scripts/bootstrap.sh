@@ -24,7 +24,7 @@ debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
                  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
                  python3 python3-numpy python3-matplotlib
                  gfortran python3-torch python3-pytest  # Fortran example; Python package tests
-                 python3-venv)  # pip for the pinned PyPI wheels, in a venv in the cache
+                 python3-pip python3-venv)  # pip wheel . (scripts/wheel.sh), venvs for the wheel and the pinned PyPI packages
 
 # Writes apt sources derived from the machine's own Debian entry, so no archive host is typed
 # here: $2 = Types (e.g. "deb-src"), $3 = Components.

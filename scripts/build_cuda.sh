@@ -10,7 +10,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kokkos=$(TLSE_BACKEND=cuda "$root/scripts/bootstrap.sh" | tail -n 1)
-hopper=$("$root/scripts/hopper_toolchain.sh")  # cached: installed by the bootstrap above
+mapfile -t hopper < <("$root/scripts/hopper_toolchain.sh" --cmake)  # cached: the bootstrap installed it
 # CUDA 11.8 first: the image's CUDA 13 (PATH, LIBRARY_PATH) must not leak into this build.
 export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
@@ -33,8 +33,7 @@ fi
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
   -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
   -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON -DTiledLSE_ENABLE_MPI=ON "${nccl[@]}" \
-  -DTiledLSE_ENABLE_HOPPER=ON -DTiledLSE_HOPPER_CUDA_COMPILER="$hopper/nvidia/cu13/bin/nvcc" \
-  -DTiledLSE_HOPPER_HOST_COMPILER=g++-12 -DCUTLASS_INCLUDE_DIR="$hopper/cutlass_library/source/include" >/dev/null
+  "${hopper[@]/#/-D}" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 [ "${1:-}" = --compile-only ] && exit 0
 

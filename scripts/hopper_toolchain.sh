@@ -3,7 +3,9 @@
 # clone, keyed by version, and prints its folder: the CUDA 13.0 compiler, runtime and CCCL, the
 # CUTLASS/CuTe headers and cuobjdump/nvdisasm, all pinned wheels from PyPI (pip's --target, from
 # a virtual environment in the cache: nothing goes into the system Python). Reused when present.
-#   scripts/hopper_toolchain.sh   -> e.g. ~/.cache/tiledlse/hopper-cuda13.0.88-cutlass4.2.0.0-r1
+#   scripts/hopper_toolchain.sh             -> e.g. ~/.cache/tiledlse/hopper-cuda13.0.88-cutlass4.2.0.0-r1
+#   scripts/hopper_toolchain.sh --cmake     -> the CMake cache entries that build the Hopper kernels
+#                                              with it (NAME=VALUE lines: scripts/build_cuda.sh, scripts/wheel.sh)
 # In that folder: nvidia/cu13/bin/nvcc (PATH is all it needs), cutlass_library/source/include.
 set -euo pipefail
 cache=${TLSE_CACHE:-$HOME/.cache/tiledlse}
@@ -25,4 +27,11 @@ if [ ! -f "$dir/.complete" ]; then
   ln -sfn lib "$dir/nvidia/cu13/lib64"
   touch "$dir/.complete"
 fi
-echo "$dir"
+if [ "${1:-}" = --cmake ]; then
+  echo "TiledLSE_ENABLE_HOPPER=ON"
+  echo "TiledLSE_HOPPER_CUDA_COMPILER=$dir/nvidia/cu13/bin/nvcc"
+  echo "TiledLSE_HOPPER_HOST_COMPILER=g++-12"  # CUDA 13 takes g++ <= 15; Debian 12's default
+  echo "CUTLASS_INCLUDE_DIR=$dir/cutlass_library/source/include"
+else
+  echo "$dir"
+fi

@@ -1,6 +1,7 @@
-"""Checks spack/packages/tiled-lse/package.py without Spack (which cannot be downloaded here):
-a tiny stand-in for the `spack.package` API records the directives, then the test checks the
-variants, the dependencies (Kokkos backend and cuda_arch propagation) and cmake_args.
+"""Checks spack/packages/tiled-lse/package.py without Spack (CI has none; docs/spack.md says how
+the recipe was run with a real Spack): a tiny stand-in for the `spack.package` API records the
+directives, then the test checks the variants, the dependencies (Kokkos backend, its wrapper and
+cuda_arch propagation), cmake_args and the run environment.
 Run: python3 spack/test_recipe.py (ctest runs it)."""
 import importlib.util
 import os
@@ -41,6 +42,7 @@ class Spec:
 
 class CMakePackage:
     run_tests = False
+    prefix = "/opt/tiled-lse"
 
     def __init__(self, spec):
         self.spec = spec
@@ -65,8 +67,11 @@ def build_stub():
         setattr(package, kind, _directive(kind))
     package.CMakePackage, package.CudaPackage = CMakePackage, CudaPackage
     package.run_after = lambda phase: (lambda f: f)
-    for name in ("which", "working_dir", "join_path"):
+    for name in ("which", "working_dir", "join_path", "cache_extra_test_sources"):
         setattr(package, name, lambda *a, **k: None)
+    # Spack sets python_platlib in an extension's module (python-venv's setup_dependent_package).
+    package.python_platlib = CMakePackage.prefix + "/lib/python3.11/site-packages"
+    package.find_libraries = lambda name, root, recursive=False: [root + "/lib/" + name + ".so"]
     package.__all__ = [n for n in vars(package) if not n.startswith("_")]
     spack = types.ModuleType("spack")
     spack.package = package
@@ -88,12 +93,12 @@ def main():
     for arch in CudaPackage.cuda_arch_values:
         assert ("kokkos+cuda cuda_arch=%s" % arch, "+cuda cuda_arch=%s" % arch) in deps, arch
     for expected in [("kokkos@3.4:", None), ("kokkos+openmp", "+openmp"), ("kokkos+cuda_lambda", "+cuda"),
-                     ("mpi", "+mpi"), ("nccl", "+nccl"), ("py-torch", "+python")]:
+                     ("kokkos+wrapper", "+cuda"), ("mpi", "+mpi"), ("nccl", "+nccl"), ("py-torch", "+python")]:
         assert expected in deps, expected
     conflicts = {(args[0], kwargs.get("when")) for args, kwargs in recorded["conflicts"]}
     assert ("+cuda", "cuda_arch=none") in conflicts and ("+nccl", "~cuda") in conflicts, conflicts
     assert TiledLse.git.startswith("file://"), TiledLse.git
-    assert callable(getattr(TiledLse, "test_examples"))
+    assert callable(getattr(TiledLse, "test_examples")) and TiledLse.test_requires_compiler
 
     host = TiledLse(Spec("+openmp")).cmake_args()
     assert "-DKokkos_ROOT=/opt/kokkos" in host and "-DTiledLSE_ENABLE_CUDA=OFF" in host, host
@@ -103,6 +108,10 @@ def main():
                      "-DCMAKE_CXX_COMPILER=/opt/kokkos/bin/nvcc_wrapper",
                      "-DTiledLSE_PYTHON_INSTALL_DIR=lib/python3.11/site-packages"):
         assert expected in cuda, (expected, cuda)
+    environment = types.SimpleNamespace(values={})
+    environment.set = lambda name, value: environment.values.__setitem__(name, value)
+    TiledLse(Spec("+python")).setup_run_environment(environment)
+    assert environment.values == {"TILEDLSE_LIBRARY": "/opt/tiled-lse/lib/libtiledlse_c.so"}, environment.values
     print("spack recipe OK: %d variants, %d dependencies, cmake_args for host and +cuda cuda_arch=90"
           % (len(recorded["variant"]), len(recorded["depends_on"])))
 

@@ -2,12 +2,14 @@
 // and with --check verifies it against the float64 reference. See `tlse --help`.
 #include "cli.hpp"
 #include "jobs.hpp"
+#include "usable_device.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 namespace {
 
@@ -30,6 +32,10 @@ int main(int argc, char* argv[]) {
   if (o.help) {
     std::fputs(usage(), stdout);
     return 0;
+  }
+  if (const std::string problem = usable_device_problem(); !problem.empty()) {
+    std::fprintf(stderr, "tlse: error: %s\n", problem.c_str());
+    return 1;
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {

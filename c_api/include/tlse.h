@@ -33,7 +33,8 @@ extern "C" {
 typedef enum tlse_status {
   TLSE_SUCCESS = 0,
   TLSE_ERROR_INVALID_ARGUMENT = 1, /* a bad shape, pointer, option, target, label ... */
-  TLSE_ERROR_UNSUPPORTED = 2,      /* e.g. TLSE_DEVICE_CUDA in a library built without CUDA */
+  TLSE_ERROR_UNSUPPORTED = 2,      /* e.g. TLSE_DEVICE_CUDA in a library built without CUDA, or a
+                                      CUDA build of the library on a machine with no usable GPU */
   TLSE_ERROR_OUT_OF_MEMORY = 3,    /* the internal workspace could not be allocated */
   TLSE_ERROR_RUNTIME = 4           /* anything else (Kokkos, CUDA); see tlse_last_error() */
 } tlse_status;

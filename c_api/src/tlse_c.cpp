@@ -193,6 +193,28 @@ void initialize_kokkos(int cuda_device) {
 #endif
 }
 
+/// A CUDA build initializes Kokkos::Cuda, which on a machine without a usable GPU throws a
+/// multi-line error from deep inside its setup (and may leave Kokkos half initialized): ask the
+/// CUDA runtime first, and fail with one line that says what to do instead.
+void require_cuda_device(const char* function, int cuda_device) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) cudaGetLastError();  // leave no error behind for a later CUDA call
+  if (status != cudaSuccess || count == 0)
+    throw Error(TLSE_ERROR_UNSUPPORTED,
+                std::string(function) + ": this TiledLSE library was built for CUDA but finds no usable GPU (" +
+                    (status != cudaSuccess ? std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status)
+                                           : std::string("0 devices")) +
+                    "); on a machine without a GPU use a host build of the library");
+  if (cuda_device >= count)
+    invalid(function, "cuda_device", "is " + std::to_string(cuda_device) + " but this machine has " +
+                                         std::to_string(count) + " CUDA device(s)");
+#else
+  (void)function, (void)cuda_device;
+#endif
+}
+
 int kokkos_cuda_device() {
 #if defined(KOKKOS_ENABLE_CUDA)
   return Kokkos::Cuda().cuda_device();
@@ -407,6 +429,7 @@ tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
                                           ": Kokkos was finalized when the last context was destroyed and cannot be "
                                           "initialized again in this process; keep one context alive instead");
     if (!Kokkos::is_initialized()) {
+      require_cuda_device(fn, cuda_device);
       initialize_kokkos(cuda_device);
       initialized_here = true;
     } else if (cuda_device >= 0 && kokkos_cuda_device() >= 0 && kokkos_cuda_device() != cuda_device) {

@@ -2,6 +2,10 @@
 left untouched on failure, and the internally allocated workspace (the Python wrappers always
 lend one)."""
 import ctypes
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -82,3 +86,34 @@ def test_null_context():
     status = L._lib.tlse_cross_entropy_workspace_bytes(None, L.DEVICE_HOST, None, L.F32, 1, 1, 1, None,
                                                         ctypes.byref(size))
     assert status == L.INVALID_ARGUMENT and "argument 'context' is NULL" in L._last_error()
+
+
+NO_GPU_CHILD = textwrap.dedent("""
+    import ctypes, torch, tiledlse
+    from tiledlse import _library as L
+    context = ctypes.c_void_p()
+    status = L._lib.tlse_context_create(ctypes.byref(context), -1)
+    print("C API:", status, L._last_error())
+    assert status == L.UNSUPPORTED and "finds no usable GPU" in L._last_error(), status
+    try:
+        tiledlse.linear_cross_entropy(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.int64))
+    except tiledlse.TiledLSEError as e:
+        print("Python:", e)
+    else:
+        raise AssertionError("no exception")
+""")
+
+
+@pytest.mark.skipif(not L.device_available(L.DEVICE_CUDA), reason="needs a CUDA build of the library")
+def test_cuda_build_without_gpu():
+    """A CUDA build where no GPU is usable (hidden from a child process by CUDA_VISIBLE_DEVICES):
+    the C API returns TLSE_ERROR_UNSUPPORTED with a one-line message and Python raises
+    TiledLSEError; nothing aborts (Kokkos' own error would be std::terminate)."""
+    import tiledlse
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TILEDLSE_LIBRARY=L.library_path,
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(tiledlse.__file__))))
+    child = subprocess.run([sys.executable, "-c", NO_GPU_CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stdout + child.stderr
+    lines = child.stdout.splitlines()
+    assert len(lines) == 2, child.stdout
+    assert lines[0].startswith("C API: 2 tlse_context_create: ") and lines[1].startswith("Python: "), child.stdout

@@ -2,6 +2,7 @@
 implicit matrices, without materializing the logits. Pure Python over the C library
 libtiledlse_c (ctypes); see docs/python.md."""
 from ._functions import contrastive_loss, linear_cross_entropy
+from .causal_lm import causal_lm_loss
 from ._library import TiledLSEError, library_path, version as __version__
 
 import torch.distributed as _dist
@@ -9,4 +10,5 @@ import torch.distributed as _dist
 if _dist.is_available():  # tiledlse.distributed: the losses over a torch.distributed process group
     from . import distributed
 
-__all__ = ["linear_cross_entropy", "contrastive_loss", "TiledLSEError", "library_path", "__version__"]
+__all__ = ["linear_cross_entropy", "contrastive_loss", "causal_lm_loss", "TiledLSEError", "library_path",
+           "__version__"]

@@ -1,23 +1,18 @@
-"""torch.autograd.Function wrappers over the C API: tensors are passed by data_ptr (no copies),
-on CPU or on the context's CUDA device, on torch's current CUDA stream."""
-import ctypes
-import math
-
+"""The public losses and their argument checks. With torch >= 2.4 they run as torch.library
+custom ops (_ops.py: torch.compile traces them); with older torch (Debian's 1.13) through the
+torch.autograd.Function classes below, which tiledlse.distributed also uses (its communicator
+is a Python object, which a custom op cannot take)."""
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _calls
 from . import _library as L
+from ._calls import DTYPES, CrossEntropyConfig
 
-_DTYPES = {torch.float32: L.F32, torch.float64: L.F64, torch.bfloat16: L.BF16, torch.float16: L.F16}
-
-
-def _acc_dtype(dtype):
-    """Losses and LSEs are computed and returned in the accumulator type."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _ptr(t):
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
+# torch.library.custom_op and register_autograd arrived in torch 2.4.
+CUSTOM_OPS = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
+if CUSTOM_OPS:
+    from . import _ops  # noqa: F401  (registers torch.ops.tiledlse.*)
 
 
 def _check_tensor(name, t, like=None, like_name=None, dtype=None, ndim=None):
@@ -29,7 +24,7 @@ def _check_tensor(name, t, like=None, like_name=None, dtype=None, ndim=None):
         raise TypeError("argument '%s' must have dtype %s, got %s" % (name, dtype, t.dtype))
     if like is not None and dtype is None and t.dtype != like.dtype:
         raise TypeError("argument '%s' has dtype %s but '%s' has %s" % (name, t.dtype, like_name, like.dtype))
-    if dtype is None and like is None and t.dtype not in _DTYPES:
+    if dtype is None and like is None and t.dtype not in DTYPES:
         raise TypeError(
             "argument '%s' has dtype %s; supported: float32, float64, bfloat16, float16" % (name, t.dtype)
         )
@@ -42,48 +37,6 @@ def _check_tensor(name, t, like=None, like_name=None, dtype=None, ndim=None):
             "argument '%s' must be contiguous (tiledlse uses tensors in place and does not copy them); "
             "its shape is %s and strides %s: call .contiguous() first" % (name, tuple(t.shape), t.stride())
         )
-
-
-def _cuda_device_for_context():
-    """The CUDA device Kokkos is initialized on: torch's current device when the library has CUDA."""
-    if not L.device_available(L.DEVICE_CUDA):
-        return -1
-    if not torch.cuda.is_available():
-        raise L.TiledLSEError(
-            "tiledlse: %s was built for CUDA but torch sees no GPU; use a host build of the library"
-            % L.library_path
-        )
-    return torch.cuda.current_device()
-
-
-def _launch(name, t):
-    """(context, device, stream) for a call on tensor `t`."""
-    if t.device.type == "cpu":
-        return L.context(_cuda_device_for_context()), L.DEVICE_HOST, None
-    if t.device.type != "cuda":
-        raise ValueError("argument '%s' is on %s; tiledlse runs on cpu and cuda tensors" % (name, t.device))
-    if not L.device_available(L.DEVICE_CUDA):
-        raise ValueError(
-            "argument '%s' is on %s but %s was built without CUDA" % (name, t.device, L.library_path)
-        )
-    ctx = L.context(t.device.index)
-    device = L.context_cuda_device()
-    if t.device.index != device:
-        raise ValueError(
-            "argument '%s' is on %s but tiledlse runs on cuda:%d (Kokkos is initialized once per process, "
-            "on the device current at the first call)" % (name, t.device, device)
-        )
-    return ctx, L.DEVICE_CUDA, ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
-
-
-def _lend_workspace(options, device, query, *args):
-    """Lends the call its workspace from torch's allocator, so the library allocates nothing (on
-    CUDA the caching allocator orders reuse on the stream). The tensor must outlive the call."""
-    size = ctypes.c_size_t(0)
-    L.call(query, *args, ctypes.byref(options), ctypes.byref(size))
-    workspace = torch.empty((size.value,), dtype=torch.uint8, device=device)
-    options.workspace, options.workspace_bytes = workspace.data_ptr(), size.value
-    return workspace
 
 
 def _number(name, value):
@@ -102,58 +55,6 @@ def _filter_eps(filter_eps):
     return _number("filter_eps", filter_eps)
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """One device, or vocabulary-parallel when `comm` (a distributed._Communicator) is given:
-    then c and bias are this rank's shard, and the calls are the C API's *_distributed ones."""
-
-    @staticmethod
-    def forward(ctx, e, c, bias, targets, options, want_order, comm=None):
-        ctx_, device, stream = _launch("e", e)
-        n, d = e.shape
-        v = c.shape[0]
-        acc = _acc_dtype(e.dtype)
-        dtype = _DTYPES[e.dtype]
-        loss = torch.empty((n,) if options.reduction == L.REDUCTIONS["none"] else (), dtype=acc, device=e.device)
-        lse = torch.empty((n,), dtype=acc, device=e.device)
-        order = torch.empty((v,), dtype=torch.int32, device=e.device) if want_order else None
-        if comm is None:
-            workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device,
-                                        stream, dtype, n, v, d)
-            L.call("tlse_cross_entropy_forward", ctx_, device, stream, dtype, n, v, d, _ptr(e), _ptr(c),
-                   _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order), ctypes.byref(options))
-        else:
-            comm.call("tlse_cross_entropy_forward_distributed", ctx_, device, stream, dtype, n, v, d, _ptr(e),
-                      _ptr(c), _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), ctypes.byref(options))
-        ctx.save_for_backward(e, c, bias, targets, lse, order)
-        ctx.options, ctx.comm = options, comm
-        ctx.mark_non_differentiable(lse)
-        return loss, lse
-
-    @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: double backward raises
-    def backward(ctx, grad_loss, _grad_lse):
-        e, c, bias, targets, lse, order = ctx.saved_tensors
-        ctx_, device, stream = _launch("e", e)
-        n, d = e.shape
-        v = c.shape[0]
-        options = ctx.options
-        dloss = grad_loss.to(lse.dtype).contiguous()
-        de = torch.empty_like(e) if ctx.needs_input_grad[0] else None
-        dc = torch.empty_like(c) if ctx.needs_input_grad[1] else None
-        dbias = torch.empty_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        if ctx.comm is None:
-            workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx_, device,
-                                        stream, _DTYPES[e.dtype], n, v, d)
-            L.call("tlse_cross_entropy_backward", ctx_, device, stream, _DTYPES[e.dtype], n, v, d, _ptr(e), _ptr(c),
-                   _ptr(bias), _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc),
-                   _ptr(dbias), ctypes.byref(options))
-        else:
-            ctx.comm.call("tlse_cross_entropy_backward_distributed", ctx_, device, stream, _DTYPES[e.dtype], n, v, d,
-                          _ptr(e), _ptr(c), _ptr(bias), _ptr(targets), _ptr(lse), _ptr(dloss), _ptr(de), _ptr(dc),
-                          _ptr(dbias), ctypes.byref(options))
-        return de, dc, dbias, None, None, None, None
-
-
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
                          return_lse=False, filter_eps="auto", z_loss=0.0):
     """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets`` without forming them.
@@ -168,18 +69,22 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
     e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
     """
-    e2, targets, options, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
-                                                                  reduction, shift, filter_eps, z_loss)
+    e2, targets, config, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
+                                                                 reduction, shift, filter_eps, z_loss)
     # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
     # classes; it costs a host sort of V entries, worth it only when filtering and training.
-    want_order = options.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
-    loss, lse = _LinearCrossEntropy.apply(e2, c, bias, targets, options, want_order)
+    want_order = config.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
+    if CUSTOM_OPS:
+        loss, lse, _order = torch.ops.tiledlse.cross_entropy_forward(e2, c, bias, targets, *config, want_order)
+        lse = lse.detach()  # as the autograd.Function path: the LSE carries no gradient
+    else:
+        loss, lse = _LinearCrossEntropy.apply(e2, c, bias, targets, config, want_order)
     return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
 
 
 def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss):
-    """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), options,
-    the batch shape)."""
+    """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), the
+    CrossEntropyConfig, the batch shape)."""
     _check_tensor("e", e)
     if e.dim() < 1:
         raise ValueError("argument 'e' must have shape (..., D), got a 0-d tensor")
@@ -210,14 +115,10 @@ def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reducti
         shifted = torch.full_like(targets, ignore_index)
         shifted[..., : max(targets.shape[-1] - shift, 0)] = targets[..., shift:]
         targets, shift = shifted, 0
-    options = L.CrossEntropyOptions()
-    options.ignore_index = ignore_index
-    options.reduction = L.REDUCTIONS[reduction]
-    options.shift = shift
-    options.softcap = 0.0 if softcap is None else _number("softcap", softcap)
-    options.z_loss = _number("z_loss", z_loss)
-    options.filter_eps = _filter_eps(filter_eps)
-    return e.reshape(-1, e.shape[-1]), targets.reshape(-1), options, batch_shape
+    config = CrossEntropyConfig(ignore_index, L.REDUCTIONS[reduction], shift,
+                                0.0 if softcap is None else _number("softcap", softcap), _number("z_loss", z_loss),
+                                _filter_eps(filter_eps))
+    return e.reshape(-1, e.shape[-1]), targets.reshape(-1), config, batch_shape
 
 
 def _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse):
@@ -228,53 +129,44 @@ def _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse):
     return (loss, lse) if return_lse else loss
 
 
+class _LinearCrossEntropy(torch.autograd.Function):
+    """One device, or vocabulary-parallel when `comm` (a distributed._Communicator) is given:
+    then c and bias are this rank's shard, and the calls are the C API's *_distributed ones."""
+
+    @staticmethod
+    def forward(ctx, e, c, bias, targets, config, want_order, comm=None):
+        loss, lse, order = _calls.cross_entropy_forward(e, c, bias, targets, config, want_order, comm)
+        ctx.save_for_backward(e, c, bias, targets, lse, order)
+        ctx.config, ctx.comm = config, comm
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
+    def backward(ctx, grad_loss, _grad_lse):
+        e, c, bias, targets, lse, order = ctx.saved_tensors
+        de, dc, dbias = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, grad_loss, ctx.config,
+                                                      ctx.needs_input_grad[:3], ctx.comm)
+        return de, dc, dbias, None, None, None, None
+
+
 class _ContrastiveLoss(torch.autograd.Function):
     """One device, or over the ranks of `comm` (a distributed._Communicator): then image and
     text are this rank's rows of the global batch, and the calls are the *_distributed ones."""
 
     @staticmethod
-    def forward(ctx, image, text, scale, labels, options, comm=None):
-        ctx_, device, stream = _launch("image", image)
-        b, c = image.shape
-        acc = _acc_dtype(image.dtype)
-        dtype = _DTYPES[image.dtype]
-        loss = torch.empty((), dtype=acc, device=image.device)
-        row_lse = torch.empty((b,), dtype=acc, device=image.device)
-        col_lse = torch.empty((b,), dtype=acc, device=image.device) if options.direction == L.SYMMETRIC else None
-        if comm is None:
-            workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device,
-                                        stream, dtype, b, c)
-            L.call("tlse_contrastive_forward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text),
-                   _ptr(labels), _ptr(loss), _ptr(row_lse), _ptr(col_lse), ctypes.byref(options))
-        else:
-            comm.call("tlse_contrastive_forward_distributed", ctx_, device, stream, dtype, b, c, _ptr(image),
-                      _ptr(text), _ptr(labels), _ptr(loss), _ptr(row_lse), _ptr(col_lse), ctypes.byref(options))
+    def forward(ctx, image, text, scale, labels, symmetric, comm=None):
+        loss, row_lse, col_lse = _calls.contrastive_forward(image, text, scale, labels, symmetric, comm)
         ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
-        ctx.options, ctx.comm = options, comm
+        ctx.symmetric, ctx.comm = symmetric, comm
         return loss
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_loss):
         image, text, scale, labels, row_lse, col_lse = ctx.saved_tensors
-        ctx_, device, stream = _launch("image", image)
-        b, c = image.shape
-        options = ctx.options
-        dtype = _DTYPES[image.dtype]
-        dloss = grad_loss.to(row_lse.dtype).contiguous()
-        di = torch.empty_like(image) if ctx.needs_input_grad[0] else None
-        dt = torch.empty_like(text) if ctx.needs_input_grad[1] else None
-        dscale = torch.empty((), dtype=row_lse.dtype, device=image.device) if ctx.needs_input_grad[2] else None
-        if ctx.comm is None:
-            workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx_, device,
-                                        stream, dtype, b, c)
-            L.call("tlse_contrastive_backward", ctx_, device, stream, dtype, b, c, _ptr(image), _ptr(text),
-                   _ptr(labels), _ptr(row_lse), _ptr(col_lse), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale),
-                   ctypes.byref(options))
-        else:
-            ctx.comm.call("tlse_contrastive_backward_distributed", ctx_, device, stream, dtype, b, c, _ptr(image),
-                          _ptr(text), _ptr(labels), _ptr(row_lse), _ptr(col_lse), _ptr(dloss), _ptr(di), _ptr(dt),
-                          _ptr(dscale), ctypes.byref(options))
+        di, dt, dscale = _calls.contrastive_backward(image, text, scale, labels, row_lse, col_lse, grad_loss,
+                                                     ctx.symmetric, ctx.needs_input_grad[:3], ctx.comm)
         if dscale is not None:
             dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape)
         return di, dt, dscale, None, None, None
@@ -290,12 +182,15 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True):
     symmetric: average of image-to-text and text-to-image (CLIP); False: image-to-text only.
     Returns a 0-d loss (float32, float64 for float64 inputs).
     """
-    scale, options = _contrastive_arguments(image, text, scale, labels, symmetric)
-    return _ContrastiveLoss.apply(image, text, scale, labels, options)
+    scale = _contrastive_arguments(image, text, scale, labels)
+    if CUSTOM_OPS:
+        return torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric)[0]
+    return _ContrastiveLoss.apply(image, text, scale, labels, symmetric)
 
 
-def _contrastive_arguments(image, text, scale, labels, symmetric):
-    """Checks contrastive_loss's arguments; returns (scale as a tensor, options)."""
+def _contrastive_arguments(image, text, scale, labels):
+    """Checks contrastive_loss's arguments but the scale's value (read where the call runs: see
+    _calls.scale_value); returns the scale as a tensor."""
     _check_tensor("image", image, ndim=2)
     _check_tensor("text", text, like=image, like_name="image", ndim=2)
     if tuple(text.shape) != tuple(image.shape):
@@ -312,15 +207,7 @@ def _contrastive_arguments(image, text, scale, labels, symmetric):
         if scale.numel() != 1 or not scale.is_floating_point():
             raise ValueError("argument 'scale' must be a floating-point tensor of one element, got dtype %s shape %s"
                              % (scale.dtype, tuple(scale.shape)))
-        value = float(scale.detach())
-    elif isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        value = float(scale)
-        scale = torch.tensor(value, dtype=torch.float64)
-    else:
-        raise TypeError("argument 'scale' must be a tensor or a float, got %s" % type(scale).__name__)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("argument 'scale' must be finite and >= 0, got %r" % value)
-    options = L.ContrastiveOptions()
-    options.scale = value
-    options.direction = L.SYMMETRIC if symmetric else L.IMAGE_TO_TEXT
-    return scale, options
+        return scale
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return torch.tensor(float(scale), dtype=torch.float64)
+    raise TypeError("argument 'scale' must be a tensor or a float, got %s" % type(scale).__name__)

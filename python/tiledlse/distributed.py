@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from . import _library as L
+from ._calls import launch, scale_value
 from ._functions import (_ContrastiveLoss, _LinearCrossEntropy, _contrastive_arguments, _cross_entropy_arguments,
-                         _cross_entropy_outputs, _launch)
+                         _cross_entropy_outputs)
 
 __all__ = ["contrastive_loss", "linear_cross_entropy"]
 
@@ -183,12 +184,13 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None
     comm = _Communicator(group)
 
     def checks():
-        arguments = _contrastive_arguments(image, text, scale, labels, symmetric)
+        scale_tensor = _contrastive_arguments(image, text, scale, labels)
+        scale_value(scale_tensor)  # checked here too, so that a bad value fails on every rank
         comm.check_device("image", image)
-        _launch("image", image)
-        return arguments
-    scale_tensor, options = comm.agree(checks)
-    return _ContrastiveLoss.apply(image, text, scale_tensor, labels, options, comm)
+        launch("image", image)
+        return scale_tensor
+    scale_tensor = comm.agree(checks)
+    return _ContrastiveLoss.apply(image, text, scale_tensor, labels, symmetric, comm)
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
@@ -208,8 +210,8 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
         arguments = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift,
                                              filter_eps, z_loss)
         comm.check_device("e", e)
-        _launch("e", e)
+        launch("e", e)
         return arguments
-    e2, flat_targets, options, batch_shape = comm.agree(checks)
-    loss, lse = _LinearCrossEntropy.apply(e2, c, bias, flat_targets, options, False, comm)
+    e2, flat_targets, config, batch_shape = comm.agree(checks)
+    loss, lse = _LinearCrossEntropy.apply(e2, c, bias, flat_targets, config, False, comm)
     return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)

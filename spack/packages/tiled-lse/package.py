@@ -26,6 +26,9 @@ class TiledLse(CMakePackage, CudaPackage):
     # TiledLSE runs on the devices Kokkos was built for: a CUDA build needs a Kokkos built for
     # the same GPU architecture, with device lambdas (as ArborX and Kokkos Kernels require).
     depends_on("kokkos+cuda_lambda", when="+cuda")
+    # TiledLSE's CUDA code is compiled by nvcc through Kokkos' wrapper (Spack's Kokkos refuses
+    # +cuda ~wrapper with gcc anyway: "Kokkos requires +wrapper when using +cuda without clang").
+    depends_on("kokkos+wrapper", when="+cuda")
     for arch in CudaPackage.cuda_arch_values:
         depends_on("kokkos+cuda cuda_arch={0}".format(arch), when="+cuda cuda_arch={0}".format(arch))
     conflicts("+cuda", when="cuda_arch=none", msg="give the GPU architecture, e.g. cuda_arch=90")
@@ -56,24 +59,37 @@ class TiledLse(CMakePackage, CudaPackage):
             args.append(self.define("CMAKE_CXX_COMPILER", spec["kokkos"].kokkos_cxx))
         if spec.satisfies("+python"):
             args.append(self.define("Python3_EXECUTABLE", spec["python"].command.path))
-            args.append(self.define("TiledLSE_PYTHON_INSTALL_DIR", spec["python"].package.platlib))
+            # Where Spack puts extensions of this Python (python_platlib, set by python-venv) and
+            # adds them to PYTHONPATH on `spack load`: not the platlib of the Python itself,
+            # which for Debian's is local/lib/python3.X/dist-packages.
+            args.append(self.define("TiledLSE_PYTHON_INSTALL_DIR", os.path.relpath(python_platlib, self.prefix)))
         return args
 
+    def setup_run_environment(self, env):
+        """The installed Python package finds the library through TILEDLSE_LIBRARY."""
+        libs = find_libraries("libtiledlse_c", self.prefix, recursive=True)
+        if self.spec.satisfies("+python") and libs:
+            env.set("TILEDLSE_LIBRARY", libs[0])
+
     examples_src_dir = "examples"
+    # The stand-alone test compiles examples/: Spack sets up the compilers (CC, CXX, FC) for it.
+    test_requires_compiler = True
 
     @run_after("install")
     def cache_examples(self):
         """Keeps examples/ for `spack test run tiled-lse`."""
-        self.cache_extra_test_sources([self.examples_src_dir])
+        cache_extra_test_sources(self, [self.examples_src_dir])
 
     def test_examples(self):
         """builds examples/ (C++, C, Fortran if available) against the installed package and runs them"""
         source = join_path(self.test_suite.current_test_cache_dir, self.examples_src_dir)
         cmake = which(self.spec["cmake"].prefix.bin.cmake)
         ctest = which(self.spec["cmake"].prefix.bin.ctest)
+        # The compiler TiledLSE was built with: Kokkos' wrapper for CUDA, else the spec's C++ compiler.
+        cxx = self.spec["kokkos"].kokkos_cxx if self.spec.satisfies("+cuda") else self.compiler.cxx
         with working_dir("build-examples", create=True):
             cmake(source, self.define("CMAKE_PREFIX_PATH", self.prefix),
                   self.define("Kokkos_ROOT", self.spec["kokkos"].prefix),
-                  self.define("CMAKE_CXX_COMPILER", os.environ["CXX"]))
+                  self.define("CMAKE_CXX_COMPILER", cxx))
             cmake("--build", ".")
             ctest("--output-on-failure")

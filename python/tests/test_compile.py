@@ -1,0 +1,109 @@
+"""torch.library custom ops and torch.compile (torch >= 2.4; skipped on older torch, e.g. Debian's
+1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the four ops
+(schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes), and a
+small model using both losses compiled with fullgraph=True (no graph break), whose loss and
+gradients match the eager model's. On CPU, and on CUDA where the library and torch have it.
+"""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiledlse
+from tiledlse import _functions, _library
+
+# A decorator per test, not pytestmark: run_tests.py's stand-in for pytest knows only this form.
+needs_custom_ops = pytest.mark.skipif(not _functions.CUSTOM_OPS, reason="torch.library custom ops need torch >= 2.4")
+
+DEVICES = ["cpu"]
+if _library.device_available(_library.DEVICE_CUDA) and torch.cuda.is_available():
+    DEVICES.append("cuda")
+
+
+def randn(*shape, device, dtype=torch.float32, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * 0.5).to(dtype).to(device).requires_grad_(grad)
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction, want_order, with_bias", [(2, False, True), (0, True, False)],
+                         ids=["mean-bias", "none-order"])
+def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
+    n, v, d = 11, 37, 8
+    e, c = randn(n, d, device=device, dtype=dtype), randn(v, d, device=device, dtype=dtype, seed=1)
+    bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
+    targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
+    targets[::4] = -100
+    options = (-100, reduction, 0, 3.0, 1e-3, 0.0)
+    torch.library.opcheck(torch.ops.tiledlse.cross_entropy_forward.default,
+                          (e, c, bias, targets, *options, want_order))
+    loss, lse, order = torch.ops.tiledlse.cross_entropy_forward(e, c, bias, targets, *options, want_order)
+    bias = None if bias is None else bias.detach()
+    torch.library.opcheck(torch.ops.tiledlse.cross_entropy_backward.default,
+                          (e.detach(), c.detach(), bias, targets, lse.detach(), order, torch.ones_like(loss).detach(),
+                           *options, True, False, True))
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "image_to_text"])
+@pytest.mark.parametrize("with_labels", [False, True], ids=["diagonal", "labels"])
+def test_opcheck_contrastive(device, symmetric, with_labels):
+    b, c = 13, 6
+    image, text = randn(b, c, device=device), randn(b, c, device=device, seed=1)
+    scale = torch.tensor(2.5, device=device, requires_grad=True)
+    labels = torch.randperm(b, generator=torch.Generator().manual_seed(2)).to(device) if with_labels else None
+    torch.library.opcheck(torch.ops.tiledlse.contrastive_forward.default, (image, text, scale, labels, symmetric))
+    loss, row_lse, col_lse = torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric)
+    torch.library.opcheck(torch.ops.tiledlse.contrastive_backward.default,
+                          (image.detach(), text.detach(), scale.detach(), labels, row_lse.detach(), col_lse.detach(),
+                           torch.ones_like(loss).detach(), symmetric, True, True, True))
+
+
+class TinyModel(torch.nn.Module):
+    """A language model head and a CLIP head on one trunk: both losses in one graph."""
+
+    def __init__(self, vocab=97, dim=24, features=10):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.mix = torch.nn.Linear(dim, dim)
+        self.lm_head = torch.nn.Linear(dim, vocab, bias=False)
+        self.image = torch.nn.Linear(features, dim)
+        self.text = torch.nn.Linear(features, dim)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, tokens, images, texts):
+        hidden = torch.tanh(self.mix(self.embed(tokens)))
+        lm = tiledlse.linear_cross_entropy(hidden, self.lm_head.weight, tokens, shift=1, softcap=20.0)
+        image = F.normalize(self.image(images), dim=-1)
+        text = F.normalize(self.text(texts), dim=-1)
+        return lm + tiledlse.contrastive_loss(image, text, self.logit_scale.exp())
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_model_compiles_fullgraph(device, dynamic):
+    torch.manual_seed(0)
+    model = TinyModel().to(device)
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, fullgraph=True, dynamic=dynamic)
+    g = torch.Generator().manual_seed(1)
+    for batch, length in ((3, 17), (5, 9)):  # a second shape: recompiles (static) or reuses (dynamic)
+        tokens = torch.randint(0, 97, (batch, length), generator=g).to(device)
+        images = torch.randn(batch * 4, 10, generator=g).to(device)
+        texts = torch.randn(batch * 4, 10, generator=g).to(device)
+        model.zero_grad()
+        compiled_model.zero_grad()
+        expected = model(tokens, images, texts)
+        expected.backward()
+        got = compiled(tokens, images, texts)
+        got.backward()
+        assert abs(got.item() - expected.item()) <= 1e-5 * (1 + abs(expected.item()))
+        for (name, p), q in zip(model.named_parameters(), compiled_model.parameters()):
+            err = (p.grad - q.grad).abs().max().item()
+            assert err <= 1e-5 * (1 + p.grad.abs().max().item()), "%s: gradient differs by %g" % (name, err)

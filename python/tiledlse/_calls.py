@@ -1,0 +1,196 @@
+"""The C API's forward and backward calls on tensors, shared by every front end (the
+torch.library custom ops, the torch.autograd.Function path of older torch, tiledlse.distributed).
+
+Tensors are passed by data_ptr (no copies), on CPU or on the context's CUDA device, on torch's
+current CUDA stream. The options travel as plain Python numbers (CrossEntropyConfig), which
+torch.compile can trace; the ctypes structures are built here, at call time.
+"""
+import ctypes
+import math
+from typing import NamedTuple
+
+import torch
+
+from . import _library as L
+
+DTYPES = {torch.float32: L.F32, torch.float64: L.F64, torch.bfloat16: L.BF16, torch.float16: L.F16}
+
+
+class CrossEntropyConfig(NamedTuple):
+    """linear_cross_entropy's options, checked (tlse_cross_entropy_options' fields)."""
+    ignore_index: int
+    reduction: int  # L.REDUCTIONS value
+    shift: int
+    softcap: float  # 0: off
+    z_loss: float
+    filter_eps: float  # L.FILTER_EPS_AUTO, 0 (exact) or a value
+
+
+def acc_dtype(dtype):
+    """Losses and LSEs are computed and returned in the accumulator type."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _ptr(t):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def _cuda_device_for_context():
+    """The CUDA device Kokkos is initialized on: torch's current device when the library has CUDA."""
+    if not L.device_available(L.DEVICE_CUDA):
+        return -1
+    if not torch.cuda.is_available():
+        raise L.TiledLSEError(
+            "tiledlse: %s was built for CUDA but torch sees no GPU; use a host build of the library"
+            % L.library_path
+        )
+    return torch.cuda.current_device()
+
+
+def launch(name, t):
+    """(context, device, stream) for a call on tensor `t`."""
+    if t.device.type == "cpu":
+        return L.context(_cuda_device_for_context()), L.DEVICE_HOST, None
+    if t.device.type != "cuda":
+        raise ValueError("argument '%s' is on %s; tiledlse runs on cpu and cuda tensors" % (name, t.device))
+    if not L.device_available(L.DEVICE_CUDA):
+        raise ValueError(
+            "argument '%s' is on %s but %s was built without CUDA" % (name, t.device, L.library_path)
+        )
+    ctx = L.context(t.device.index)
+    device = L.context_cuda_device()
+    if t.device.index != device:
+        raise ValueError(
+            "argument '%s' is on %s but tiledlse runs on cuda:%d (Kokkos is initialized once per process, "
+            "on the device current at the first call)" % (name, t.device, device)
+        )
+    return ctx, L.DEVICE_CUDA, ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _lend_workspace(options, device, query, *args):
+    """Lends the call its workspace from torch's allocator, so the library allocates nothing (on
+    CUDA the caching allocator orders reuse on the stream). The tensor must outlive the call."""
+    size = ctypes.c_size_t(0)
+    L.call(query, *args, ctypes.byref(options), ctypes.byref(size))
+    workspace = torch.empty((size.value,), dtype=torch.uint8, device=device)
+    options.workspace, options.workspace_bytes = workspace.data_ptr(), size.value
+    return workspace
+
+
+def _cross_entropy_options(config):
+    options = L.CrossEntropyOptions()
+    options.ignore_index, options.reduction, options.shift = config.ignore_index, config.reduction, config.shift
+    options.softcap, options.z_loss, options.filter_eps = config.softcap, config.z_loss, config.filter_eps
+    return options
+
+
+def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
+    """(loss, lse, vocabulary order) of e (N, D), c (V, D); the order is (V) int32 when
+    want_order, else empty. With `comm` (a distributed._Communicator), c and bias are this
+    rank's shard."""
+    ctx, device, stream = launch("e", e)
+    n, d = e.shape
+    v = c.shape[0]
+    acc = acc_dtype(e.dtype)
+    dtype = DTYPES[e.dtype]
+    options = _cross_entropy_options(config)
+    loss = torch.empty((n,) if config.reduction == L.REDUCTIONS["none"] else (), dtype=acc, device=e.device)
+    lse = torch.empty((n,), dtype=acc, device=e.device)
+    order = torch.empty((v if want_order else 0,), dtype=torch.int32, device=e.device)
+    if comm is None:
+        workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
+                                    dtype, n, v, d)  # must live through the call below
+        L.call("tlse_cross_entropy_forward", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
+               _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order) if want_order else None, ctypes.byref(options))
+    else:
+        comm.call("tlse_cross_entropy_forward_distributed", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c),
+                  _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), ctypes.byref(options))
+    return loss, lse, order
+
+
+def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs, comm=None):
+    """(dE, dC, dbias) for the upstream gradient dloss; `needs` says which of the three to
+    compute (the others are None). `order` is the forward's (empty: not sorted)."""
+    ctx, device, stream = launch("e", e)
+    n, d = e.shape
+    v = c.shape[0]
+    dtype = DTYPES[e.dtype]
+    options = _cross_entropy_options(config)
+    dloss = dloss.to(lse.dtype).contiguous()
+    de = torch.empty_like(e) if needs[0] else None
+    dc = torch.empty_like(c) if needs[1] else None
+    dbias = torch.empty_like(bias) if bias is not None and needs[2] else None
+    order = order if order is not None and order.numel() else None
+    if comm is None:
+        workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
+                                    dtype, n, v, d)  # must live through the call below
+        L.call("tlse_cross_entropy_backward", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
+               _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
+               ctypes.byref(options))
+    else:
+        comm.call("tlse_cross_entropy_backward_distributed", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c),
+                  _ptr(bias), _ptr(targets), _ptr(lse), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
+                  ctypes.byref(options))
+    return de, dc, dbias
+
+
+def scale_value(scale):
+    """The logit scale (a one-element tensor) as a float, checked; read on the host."""
+    value = float(scale.detach())
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("argument 'scale' must be finite and >= 0, got %r" % value)
+    return value
+
+
+def _contrastive_options(scale, symmetric):
+    options = L.ContrastiveOptions()
+    options.scale = scale_value(scale)
+    options.direction = L.SYMMETRIC if symmetric else L.IMAGE_TO_TEXT
+    return options
+
+
+def contrastive_forward(image, text, scale, labels, symmetric, comm=None):
+    """(loss, row LSE, column LSE) of the logits scale * image @ text.T; the column LSE is empty
+    when not symmetric. With `comm`, image and text are this rank's rows of the global batch."""
+    ctx, device, stream = launch("image", image)
+    b, c = image.shape
+    acc = acc_dtype(image.dtype)
+    dtype = DTYPES[image.dtype]
+    options = _contrastive_options(scale, symmetric)
+    loss = torch.empty((), dtype=acc, device=image.device)
+    row_lse = torch.empty((b,), dtype=acc, device=image.device)
+    col_lse = torch.empty((b if symmetric else 0,), dtype=acc, device=image.device)
+    col = col_lse if symmetric else None
+    if comm is None:
+        workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx, device, stream,
+                                    dtype, b, c)  # must live through the call below
+        L.call("tlse_contrastive_forward", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
+               _ptr(loss), _ptr(row_lse), _ptr(col), ctypes.byref(options))
+    else:
+        comm.call("tlse_contrastive_forward_distributed", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text),
+                  _ptr(labels), _ptr(loss), _ptr(row_lse), _ptr(col), ctypes.byref(options))
+    return loss, row_lse, col_lse
+
+
+def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, needs, comm=None):
+    """(dI, dT, dscale) for the upstream gradient dloss; `needs` says which to compute (the
+    others are None). dscale is a 0-d tensor of the accumulator type on image's device."""
+    ctx, device, stream = launch("image", image)
+    b, c = image.shape
+    dtype = DTYPES[image.dtype]
+    options = _contrastive_options(scale, symmetric)
+    dloss = dloss.to(row_lse.dtype).contiguous()
+    di = torch.empty_like(image) if needs[0] else None
+    dt = torch.empty_like(text) if needs[1] else None
+    dscale = torch.empty((), dtype=row_lse.dtype, device=image.device) if needs[2] else None
+    col = col_lse if symmetric else None
+    if comm is None:
+        workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx, device, stream,
+                                    dtype, b, c)  # must live through the call below
+        L.call("tlse_contrastive_backward", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
+               _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale), ctypes.byref(options))
+    else:
+        comm.call("tlse_contrastive_backward_distributed", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text),
+                  _ptr(labels), _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale),
+                  ctypes.byref(options))
+    return di, dt, dscale
