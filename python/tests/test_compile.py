@@ -38,7 +38,7 @@ def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
     bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
     targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
     targets[::4] = -100
-    options = (-100, reduction, 0, 3.0, 1e-3, 0.0)
+    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0)  # ..., filter_eps, memory_budget (0: the default)
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_forward.default,
                           (e, c, bias, targets, *options, want_order))
     loss, lse, order = torch.ops.tiledlse.cross_entropy_forward(e, c, bias, targets, *options, want_order)
@@ -57,11 +57,13 @@ def test_opcheck_contrastive(device, symmetric, with_labels):
     image, text = randn(b, c, device=device), randn(b, c, device=device, seed=1)
     scale = torch.tensor(2.5, device=device, requires_grad=True)
     labels = torch.randperm(b, generator=torch.Generator().manual_seed(2)).to(device) if with_labels else None
-    torch.library.opcheck(torch.ops.tiledlse.contrastive_forward.default, (image, text, scale, labels, symmetric))
-    loss, row_lse, col_lse = torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric)
+    budget = 0  # the library's default
+    torch.library.opcheck(torch.ops.tiledlse.contrastive_forward.default,
+                          (image, text, scale, labels, symmetric, budget))
+    loss, row_lse, col_lse = torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric, budget)
     torch.library.opcheck(torch.ops.tiledlse.contrastive_backward.default,
                           (image.detach(), text.detach(), scale.detach(), labels, row_lse.detach(), col_lse.detach(),
-                           torch.ones_like(loss).detach(), symmetric, True, True, True))
+                           torch.ones_like(loss).detach(), symmetric, budget, True, True, True))
 
 
 class TinyModel(torch.nn.Module):

@@ -178,6 +178,23 @@ def test_contrastive_matches_torch(device, dtype, symmetric, with_labels):
     close(grads[2], ref_grads[2], max(10 * LOSS_RTOL[dtype], 2.0 ** -22), "dscale")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_budget_keeps_the_results(device):
+    # The budget picks an algorithm (on Hopper GPUs); any budget gives the same loss and gradients.
+    e, c, t = (x.to(device) for x in ce_inputs())
+    image, text = rand(8, 8, dtype=torch.float32, device=device), rand(8, 8, dtype=torch.float32, device=device, seed=1)
+    results = []
+    for budget in (None, 1, 1 << 30):
+        e1, c1, i1, t1 = (x.detach().clone().requires_grad_(True) for x in (e, c, image, text))
+        loss = tiledlse.linear_cross_entropy(e1, c1, t, memory_budget=budget)
+        loss = loss + tiledlse.contrastive_loss(i1, t1, 2.0, memory_budget=budget)
+        loss.backward()
+        results.append([loss.detach(), e1.grad, c1.grad, i1.grad, t1.grad])
+    for other in results[1:]:
+        for got, ref in zip(other, results[0]):
+            close(got, ref, 2e-5, "memory_budget")
+
+
 def test_contrastive_float_scale():
     image, text = rand(9, 4, dtype=torch.float64, device="cpu"), rand(9, 4, dtype=torch.float64, device="cpu", seed=1)
     close(tiledlse.contrastive_loss(image, text, 3.0), reference_contrastive(image, text, 3.0, None, True), 1e-12,
@@ -237,6 +254,8 @@ def ce_inputs(device="cpu"):
         (lambda e, c, t: (e, c, t, {"filter_eps": 2.0}), ValueError, "'filter_eps'"),
         (lambda e, c, t: (e, c, t, {"filter_eps": "exact"}), TypeError, "'filter_eps'"),
         (lambda e, c, t: (e, c, t, {"ignore_index": 3}), ValueError, "'ignore_index'"),
+        (lambda e, c, t: (e, c, t, {"memory_budget": 0}), ValueError, "'memory_budget' must be None or a positive"),
+        (lambda e, c, t: (e, c, t, {"memory_budget": 1.5e9}), ValueError, "'memory_budget'"),
     ],
 )
 def test_cross_entropy_bad_input(change, error, pattern):
@@ -258,6 +277,7 @@ def test_cross_entropy_bad_input(change, error, pattern):
         (lambda i, t, s: (i, t, s, {"labels": torch.arange(7)}), ValueError, "'labels' has 7 entries"),
         (lambda i, t, s: (i, t, s, {"labels": torch.arange(8) + 1}), ValueError,
          r"'labels' has labels\[7\] = 8, outside \[0, 8\)"),
+        (lambda i, t, s: (i, t, s, {"memory_budget": -1}), ValueError, "'memory_budget'"),
     ],
 )
 def test_contrastive_bad_input(change, error, pattern):

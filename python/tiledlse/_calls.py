@@ -24,6 +24,7 @@ class CrossEntropyConfig(NamedTuple):
     softcap: float  # 0: off
     z_loss: float
     filter_eps: float  # L.FILTER_EPS_AUTO, 0 (exact) or a value
+    memory_budget: int = 0  # bytes of workspace a call may use; 0: the library's default
 
 
 def acc_dtype(dtype):
@@ -81,6 +82,7 @@ def _cross_entropy_options(config):
     options = L.CrossEntropyOptions()
     options.ignore_index, options.reduction, options.shift = config.ignore_index, config.reduction, config.shift
     options.softcap, options.z_loss, options.filter_eps = config.softcap, config.z_loss, config.filter_eps
+    options.memory_budget = config.memory_budget
     return options
 
 
@@ -142,21 +144,23 @@ def scale_value(scale):
     return value
 
 
-def _contrastive_options(scale, symmetric):
+def _contrastive_options(scale, symmetric, memory_budget):
     options = L.ContrastiveOptions()
     options.scale = scale_value(scale)
     options.direction = L.SYMMETRIC if symmetric else L.IMAGE_TO_TEXT
+    options.memory_budget = memory_budget
     return options
 
 
-def contrastive_forward(image, text, scale, labels, symmetric, comm=None):
+def contrastive_forward(image, text, scale, labels, symmetric, comm=None, memory_budget=0):
     """(loss, row LSE, column LSE) of the logits scale * image @ text.T; the column LSE is empty
-    when not symmetric. With `comm`, image and text are this rank's rows of the global batch."""
+    when not symmetric. With `comm`, image and text are this rank's rows of the global batch.
+    memory_budget: bytes of workspace the call may use (0: the library's default)."""
     ctx, device, stream = launch("image", image)
     b, c = image.shape
     acc = acc_dtype(image.dtype)
     dtype = DTYPES[image.dtype]
-    options = _contrastive_options(scale, symmetric)
+    options = _contrastive_options(scale, symmetric, memory_budget)
     loss = torch.empty((), dtype=acc, device=image.device)
     row_lse = torch.empty((b,), dtype=acc, device=image.device)
     col_lse = torch.empty((b if symmetric else 0,), dtype=acc, device=image.device)
@@ -172,13 +176,14 @@ def contrastive_forward(image, text, scale, labels, symmetric, comm=None):
     return loss, row_lse, col_lse
 
 
-def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, needs, comm=None):
+def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, needs, comm=None,
+                         memory_budget=0):
     """(dI, dT, dscale) for the upstream gradient dloss; `needs` says which to compute (the
     others are None). dscale is a 0-d tensor of the accumulator type on image's device."""
     ctx, device, stream = launch("image", image)
     b, c = image.shape
     dtype = DTYPES[image.dtype]
-    options = _contrastive_options(scale, symmetric)
+    options = _contrastive_options(scale, symmetric, memory_budget)
     dloss = dloss.to(row_lse.dtype).contiguous()
     di = torch.empty_like(image) if needs[0] else None
     dt = torch.empty_like(text) if needs[1] else None

@@ -45,6 +45,15 @@ def _number(name, value):
     return float(value)
 
 
+def _memory_budget(memory_budget):
+    """None -> 0, the library's default (256 MiB); otherwise a positive int of bytes."""
+    if memory_budget is None:
+        return 0
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise ValueError("argument 'memory_budget' must be None or a positive int (bytes), got %r" % (memory_budget,))
+    return memory_budget
+
+
 def _filter_eps(filter_eps):
     if filter_eps == "auto":
         return L.FILTER_EPS_AUTO
@@ -56,7 +65,7 @@ def _filter_eps(filter_eps):
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
-                         return_lse=False, filter_eps="auto", z_loss=0.0):
+                         return_lse=False, filter_eps="auto", z_loss=0.0, memory_budget=None):
     """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets`` without forming them.
 
     e: (..., D) embeddings; c: (V, D) classifier, same dtype and device (float32, float64,
@@ -66,11 +75,12 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     slicing); the last `shift` positions of each sequence are ignored. reduction: "mean" (over
     the rows not ignored), "sum" or "none" (shape e.shape[:-1]). filter_eps: gradient filter of
     the backward ("auto": eps(dtype)/32 as CCE; None or 0: exact). z_loss adds z_loss * lse^2.
-    Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
+    memory_budget: bytes of workspace a call may use, each picking the fastest algorithm that
+    fits (None: the library's default, 256 MiB; docs/options.md). Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
     e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
     """
     e2, targets, config, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
-                                                                 reduction, shift, filter_eps, z_loss)
+                                                                 reduction, shift, filter_eps, z_loss, memory_budget)
     # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
     # classes; it costs a host sort of V entries, worth it only when filtering and training.
     want_order = config.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
@@ -82,7 +92,8 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
 
 
-def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss):
+def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss,
+                             memory_budget=None):
     """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), the
     CrossEntropyConfig, the batch shape)."""
     _check_tensor("e", e)
@@ -117,7 +128,7 @@ def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reducti
         targets, shift = shifted, 0
     config = CrossEntropyConfig(ignore_index, L.REDUCTIONS[reduction], shift,
                                 0.0 if softcap is None else _number("softcap", softcap), _number("z_loss", z_loss),
-                                _filter_eps(filter_eps))
+                                _filter_eps(filter_eps), _memory_budget(memory_budget))
     return e.reshape(-1, e.shape[-1]), targets.reshape(-1), config, batch_shape
 
 
@@ -155,10 +166,10 @@ class _ContrastiveLoss(torch.autograd.Function):
     text are this rank's rows of the global batch, and the calls are the *_distributed ones."""
 
     @staticmethod
-    def forward(ctx, image, text, scale, labels, symmetric, comm=None):
-        loss, row_lse, col_lse = _calls.contrastive_forward(image, text, scale, labels, symmetric, comm)
+    def forward(ctx, image, text, scale, labels, symmetric, comm=None, memory_budget=0):
+        loss, row_lse, col_lse = _calls.contrastive_forward(image, text, scale, labels, symmetric, comm, memory_budget)
         ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
-        ctx.symmetric, ctx.comm = symmetric, comm
+        ctx.symmetric, ctx.comm, ctx.memory_budget = symmetric, comm, memory_budget
         return loss
 
     @staticmethod
@@ -166,13 +177,14 @@ class _ContrastiveLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         image, text, scale, labels, row_lse, col_lse = ctx.saved_tensors
         di, dt, dscale = _calls.contrastive_backward(image, text, scale, labels, row_lse, col_lse, grad_loss,
-                                                     ctx.symmetric, ctx.needs_input_grad[:3], ctx.comm)
+                                                     ctx.symmetric, ctx.needs_input_grad[:3], ctx.comm,
+                                                     ctx.memory_budget)
         if dscale is not None:
             dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape)
-        return di, dt, dscale, None, None, None
+        return di, dt, dscale, None, None, None, None
 
 
-def contrastive_loss(image, text, scale, labels=None, symmetric=True):
+def contrastive_loss(image, text, scale, labels=None, symmetric=True, memory_budget=None):
     """CLIP contrastive (InfoNCE) loss of logits ``scale * image @ text.T`` without forming them.
 
     image, text: (b, c) features, same dtype and device, contiguous. scale: the logit scale
@@ -180,12 +192,14 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True):
     ``logit_scale.exp()``) or a float; its value is read on the host. labels: int64 (b) or None:
     the positive of image i is text labels[i] and of text j image labels[j] (default i <-> i).
     symmetric: average of image-to-text and text-to-image (CLIP); False: image-to-text only.
+    memory_budget: bytes of workspace a call may use (None: the library's default, 256 MiB).
     Returns a 0-d loss (float32, float64 for float64 inputs).
     """
     scale = _contrastive_arguments(image, text, scale, labels)
+    budget = _memory_budget(memory_budget)
     if CUSTOM_OPS:
-        return torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric)[0]
-    return _ContrastiveLoss.apply(image, text, scale, labels, symmetric)
+        return torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric, budget)[0]
+    return _ContrastiveLoss.apply(image, text, scale, labels, symmetric, None, budget)
 
 
 def _contrastive_arguments(image, text, scale, labels):

@@ -19,21 +19,21 @@ from . import _library as L
 _NONE = L.REDUCTIONS["none"]
 
 
-def _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps):
-    return _calls.CrossEntropyConfig(ignore_index, reduction, shift, softcap, z_loss, filter_eps)
+def _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget):
+    return _calls.CrossEntropyConfig(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
 
 
 @torch.library.custom_op("tiledlse::cross_entropy_forward", mutates_args=())
 def cross_entropy_forward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, ignore_index: int,
                           reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
-                          want_order: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                          memory_budget: int, want_order: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, lse, vocabulary order) of e (N, D) against c (V, D); see _calls.cross_entropy_forward."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps)
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
     return _calls.cross_entropy_forward(e, c, bias, targets, config, want_order)
 
 
 @cross_entropy_forward.register_fake
-def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, want_order):
+def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, want_order):
     acc = _calls.acc_dtype(e.dtype)
     n, v = e.shape[0], c.shape[0]
     loss = e.new_empty((n,) if reduction == _NONE else (), dtype=acc)
@@ -43,18 +43,18 @@ def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filt
 @torch.library.custom_op("tiledlse::cross_entropy_backward", mutates_args=())
 def cross_entropy_backward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, lse: Tensor,
                            order: Tensor, dloss: Tensor, ignore_index: int, reduction: int, shift: int,
-                           softcap: float, z_loss: float, filter_eps: float, need_e: bool, need_c: bool,
-                           need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                           softcap: float, z_loss: float, filter_eps: float, memory_budget: int, need_e: bool,
+                           need_c: bool, need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(dE, dC, dbias); a gradient not asked for (or dbias without bias) is an empty tensor."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps)
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
     grads = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config,
                                           (need_e, need_c, need_bias))
     return tuple(g if g is not None else e.new_empty((0,)) for g in grads)
 
 
 @cross_entropy_backward.register_fake
-def _(e, c, bias, targets, lse, order, dloss, ignore_index, reduction, shift, softcap, z_loss, filter_eps, need_e,
-      need_c, need_bias):
+def _(e, c, bias, targets, lse, order, dloss, ignore_index, reduction, shift, softcap, z_loss, filter_eps,
+      memory_budget, need_e, need_c, need_bias):
     return (torch.empty_like(e) if need_e else e.new_empty((0,)),
             torch.empty_like(c) if need_c else e.new_empty((0,)),
             torch.empty_like(bias) if bias is not None and need_bias else e.new_empty((0,)))
@@ -73,22 +73,22 @@ def _cross_entropy_gradient(ctx, grad_loss, _grad_lse, _grad_order):
     de, dc, dbias = torch.ops.tiledlse.cross_entropy_backward(
         e, c, bias, targets, lse, order, grad_loss, *ctx.options, need[0], need[1], bias is not None and need[2])
     return ((de if need[0] else None), (dc if need[1] else None), (dbias if bias is not None and need[2] else None),
-            None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None)
 
 
 cross_entropy_forward.register_autograd(_cross_entropy_gradient, setup_context=_cross_entropy_setup)
 
 
 @torch.library.custom_op("tiledlse::contrastive_forward", mutates_args=())
-def contrastive_forward(image: Tensor, text: Tensor, scale: Tensor, labels: Optional[Tensor],
-                        symmetric: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def contrastive_forward(image: Tensor, text: Tensor, scale: Tensor, labels: Optional[Tensor], symmetric: bool,
+                        memory_budget: int) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, row LSE, column LSE; empty when not symmetric). The scale's value is read here, on
     the host, so that tracing never needs it."""
-    return _calls.contrastive_forward(image, text, scale, labels, symmetric)
+    return _calls.contrastive_forward(image, text, scale, labels, symmetric, memory_budget=memory_budget)
 
 
 @contrastive_forward.register_fake
-def _(image, text, scale, labels, symmetric):
+def _(image, text, scale, labels, symmetric, memory_budget):
     acc = _calls.acc_dtype(image.dtype)
     b = image.shape[0]
     return (image.new_empty((), dtype=acc), image.new_empty((b,), dtype=acc),
@@ -97,36 +97,38 @@ def _(image, text, scale, labels, symmetric):
 
 @torch.library.custom_op("tiledlse::contrastive_backward", mutates_args=())
 def contrastive_backward(image: Tensor, text: Tensor, scale: Tensor, labels: Optional[Tensor], row_lse: Tensor,
-                         col_lse: Tensor, dloss: Tensor, symmetric: bool, need_image: bool, need_text: bool,
-                         need_scale: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                         col_lse: Tensor, dloss: Tensor, symmetric: bool, memory_budget: int, need_image: bool,
+                         need_text: bool, need_scale: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(dI, dT, dscale as a 0-d tensor of the accumulator type); one not asked for is empty."""
     grads = _calls.contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric,
-                                        (need_image, need_text, need_scale))
+                                        (need_image, need_text, need_scale), memory_budget=memory_budget)
     return tuple(g if g is not None else image.new_empty((0,)) for g in grads)
 
 
 @contrastive_backward.register_fake
-def _(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, need_image, need_text, need_scale):
+def _(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, memory_budget, need_image, need_text,
+      need_scale):
     return (torch.empty_like(image) if need_image else image.new_empty((0,)),
             torch.empty_like(text) if need_text else image.new_empty((0,)),
             row_lse.new_empty(()) if need_scale else image.new_empty((0,)))
 
 
 def _contrastive_setup(ctx, inputs, output):
-    image, text, scale, labels, symmetric = inputs
+    image, text, scale, labels, symmetric, memory_budget = inputs
     _loss, row_lse, col_lse = output
     ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
-    ctx.symmetric = symmetric
+    ctx.symmetric, ctx.memory_budget = symmetric, memory_budget
 
 
 def _contrastive_gradient(ctx, grad_loss, _grad_row_lse, _grad_col_lse):
     image, text, scale, labels, row_lse, col_lse = ctx.saved_tensors
     need = ctx.needs_input_grad
     di, dt, dscale = torch.ops.tiledlse.contrastive_backward(image, text, scale, labels, row_lse, col_lse, grad_loss,
-                                                             ctx.symmetric, need[0], need[1], need[2])
+                                                             ctx.symmetric, ctx.memory_budget, need[0], need[1],
+                                                             need[2])
     # dscale comes back in the accumulator type on image's device: give it the scale's own.
     dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape) if need[2] else None
-    return (di if need[0] else None), (dt if need[1] else None), dscale, None, None
+    return (di if need[0] else None), (dt if need[1] else None), dscale, None, None, None
 
 
 contrastive_forward.register_autograd(_contrastive_gradient, setup_context=_contrastive_setup)
