@@ -42,6 +42,7 @@ int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64
 template <class Config, class Epilogue>
 int launch(const char* name, const KernelParams<Config, Epilogue>& kp, cudaStream_t stream) {
   constexpr int smem = kernel_smem_bytes<Config, Epilogue>();
+  static_assert(smem + 1024 <= 227 * 1024, "a CTA's shared memory (and 1 KiB of static) must fit Hopper's 227 KiB");
   auto* kernel = &warp_specialized_kernel<Config, Epilogue>;
   // Per call: the attribute belongs to the current device's context.
   const cudaError_t configured = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
