@@ -90,8 +90,11 @@ TLSE_API int tlse_device_available(tlse_device device);
 TLSE_API const char* tlse_last_error(void);
 
 /* Creates a context. Initializes Kokkos if it is not initialized yet (then on CUDA device
- * `cuda_device`; -1: Kokkos' default, device 0), else uses the running Kokkos. Contexts are
- * cheap to share: calls on one context are serialized by a lock. */
+ * `cuda_device`; -1: Kokkos' default, device 0), else uses the running Kokkos. Any thread may
+ * call any function: calls run one at a time (one lock per process). Host calls (TLSE_DEVICE_HOST)
+ * with an OpenMP Kokkos must come from the thread that initialized Kokkos, outside any parallel
+ * region; from another thread they fail with TLSE_ERROR_UNSUPPORTED. CUDA calls must come from a
+ * thread whose current device is the context's. A destroyed context is an error. */
 TLSE_API tlse_status tlse_context_create(tlse_context** context, int cuda_device);
 
 /* Destroys a context. When the last context goes and this library initialized Kokkos, Kokkos

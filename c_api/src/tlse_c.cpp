@@ -6,8 +6,10 @@
 #include <tlse/distributed/impl/agreement.hpp>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -15,7 +17,6 @@
 #endif
 
 struct tlse_context {
-  std::mutex lock;  // Kokkos execution space instances are not meant to be driven from several threads at once
   int cuda_device = -1;
 #if defined(KOKKOS_ENABLE_CUDA)
   std::map<void*, Kokkos::Cuda> streams;  // a Kokkos::Cuda instance allocates: one per stream, reused
@@ -28,8 +29,13 @@ using tlse::capi::Error;
 
 thread_local std::string last_error;
 
-std::mutex kokkos_lock;  // guards the three below
-int live_contexts = 0;
+// Every call holds this lock from its first check to its return, so calls from several threads
+// run one at a time: Kokkos (3.4) does not support launching work on one execution space from
+// several threads at once, its Serial and OpenMP spaces keep process-wide scratch, and its CUDA
+// launches share one constant-memory staging buffer. It also orders calls with context creation
+// and destruction. It guards the three below.
+std::mutex kokkos_lock;
+std::set<const tlse_context*> live_contexts;  // created and not yet destroyed
 bool initialized_here = false;
 bool finalized_here = false;
 
@@ -64,8 +70,31 @@ tlse_status guarded(const char* function, F&& f) noexcept {
   throw Error(TLSE_ERROR_INVALID_ARGUMENT, std::string(function) + ": argument '" + argument + "' " + message);
 }
 
-void check_context(const char* function, const tlse_context* context) {
-  if (!context) invalid(function, "context", "is NULL; create one with tlse_context_create");
+/// A call's hold on kokkos_lock, taken before anything else, with its context checked: a
+/// destroyed context is an error instead of a use after free.
+class CallLock {
+ public:
+  CallLock(const char* function, const tlse_context* context) : guard_(kokkos_lock) {
+    if (!context) invalid(function, "context", "is NULL; create one with tlse_context_create");
+    if (!live_contexts.count(context))
+      invalid(function, "context",
+              "is not a live context: it was destroyed by tlse_context_destroy, or never made by tlse_context_create");
+  }
+
+ private:
+  std::lock_guard<std::mutex> guard_;
+};
+
+/// Kokkos 3.4's OpenMP backend launches parallel work only from the thread that initialized
+/// Kokkos, outside any parallel region; launched from another thread, a reduction throws inside
+/// Kokkos where the exception cannot be caught, and the process aborts. Such a call fails here.
+void check_host_thread(const char* function) {
+  if (tlse::impl::host_space_accepts_work()) return;
+  throw Error(TLSE_ERROR_UNSUPPORTED,
+              std::string(function) + ": argument 'device' is TLSE_DEVICE_HOST but this thread cannot launch work on " +
+                  "Kokkos' host execution space (" + Kokkos::DefaultHostExecutionSpace::name() +
+                  "): it accepts work only from the thread that initialized Kokkos (the thread of the first " +
+                  "tlse_context_create), outside any parallel region; call from that thread");
 }
 
 void check_size(const char* function, const char* name, std::int64_t value) {
@@ -104,14 +133,24 @@ void check_required(const char* function, const tlse_context* context, const cha
   check_pointer(function, context, name, p, device);
 }
 
-/// Builds the launch for `device` and `stream`; the context's lock must be held.
+/// Builds the launch for `device` and `stream`; kokkos_lock must be held.
 tlse::capi::Launch launch_for(const char* function, tlse_context* context, tlse_device device, void* stream) {
   tlse::capi::Launch l;
   if (device != TLSE_DEVICE_HOST && device != TLSE_DEVICE_CUDA)
     invalid(function, "device", "is " + std::to_string(int(device)) + ", not TLSE_DEVICE_HOST (0) or TLSE_DEVICE_CUDA (1)");
   l.device = device;
+  if (device == TLSE_DEVICE_HOST) check_host_thread(function);
   if (device == TLSE_DEVICE_CUDA) {
 #if defined(KOKKOS_ENABLE_CUDA)
+    // Kokkos 3.4 launches on the calling thread's current device, whatever device its stream
+    // belongs to: from a thread set to another GPU the kernels would fail or read another GPU's
+    // memory.
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != context->cuda_device)
+      invalid(function, "device",
+              "is TLSE_DEVICE_CUDA but this thread's current CUDA device is " + std::to_string(current) +
+                  " and the context runs on device " + std::to_string(context->cuda_device) + "; call cudaSetDevice(" +
+                  std::to_string(context->cuda_device) + ") on this thread first");
     auto it = context->streams.find(stream);
     if (it == context->streams.end())
       it = context->streams.emplace(stream, Kokkos::Cuda(static_cast<cudaStream_t>(stream))).first;
@@ -266,20 +305,17 @@ void agree(const char* fn, const tlse::distributed::Callbacks& cb, const Checks&
 }
 
 /// A distributed call: the C layer's checks (`make_args`, which returns the checked arguments)
-/// and the dtype agreed on by every rank, then `run(dtype tag, launch, callbacks, args)` under
-/// the context's lock.
+/// and the dtype agreed on by every rank, then `run(dtype tag, launch, callbacks, args)`.
 template <class MakeArgs, class Run>
 void distributed_call(const char* fn, tlse_context* context, const tlse_communicator* comm, tlse_device device,
                       void* stream, tlse_dtype dtype, const MakeArgs& make_args, const Run& run) {
-  check_context(fn, context);
+  const CallLock lock(fn, context);
   const auto cb = callbacks_of(fn, comm);
   decltype(make_args()) a;
-  std::unique_lock<std::mutex> guard;
   tlse::capi::Launch launch;
   agree(fn, cb, [&] {
     a = make_args();
     by_dtype(fn, dtype, [](auto) {});
-    guard = std::unique_lock<std::mutex>(context->lock);
     launch = launch_for(fn, context, device, stream);
   });
   by_dtype(fn, dtype, [&](auto tag) { run(tag, launch, cb, a); });
@@ -411,10 +447,10 @@ tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
       invalid(fn, "cuda_device", "is " + std::to_string(cuda_device) + " but the running Kokkos uses CUDA device " +
                                      std::to_string(kokkos_cuda_device()));
     }
-    auto c = new tlse_context;
+    auto c = std::make_unique<tlse_context>();
     c->cuda_device = kokkos_cuda_device();
-    ++live_contexts;
-    *context = c;
+    live_contexts.insert(c.get());
+    *context = c.release();
   });
 }
 
@@ -423,8 +459,10 @@ tlse_status tlse_context_destroy(tlse_context* context) {
   return guarded(fn, [&] {
     if (!context) return;
     std::lock_guard<std::mutex> guard(kokkos_lock);
+    if (!live_contexts.erase(context))
+      invalid(fn, "context", "is not a live context: it was destroyed already, or never made by tlse_context_create");
     delete context;  // its Kokkos::Cuda instances go before Kokkos itself
-    if (--live_contexts == 0 && initialized_here) {
+    if (live_contexts.empty() && initialized_here) {
       Kokkos::finalize();
       finalized_here = true;
     }
@@ -434,7 +472,7 @@ tlse_status tlse_context_destroy(tlse_context* context) {
 tlse_status tlse_context_cuda_device(const tlse_context* context, int* cuda_device) {
   static const char* fn = "tlse_context_cuda_device";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     if (!cuda_device) invalid(fn, "cuda_device", "is NULL");
     *cuda_device = context->cuda_device;
   });
@@ -445,10 +483,9 @@ tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_devic
                                                const tlse_cross_entropy_options* options, size_t* bytes) {
   static const char* fn = "tlse_cross_entropy_workspace_bytes";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     if (!bytes) invalid(fn, "bytes", "is NULL");
     const auto a = cross_entropy_args(fn, n, v, d, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::cross_entropy_workspace<decltype(tag)>(launch, a); });
   });
@@ -460,10 +497,9 @@ tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device
                                        int32_t* vocab_order, const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     const auto a = cross_entropy_forward_args(fn, context, device, n, v, d, E, C, bias, targets, loss, lse,
                                               vocab_order, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
   });
@@ -476,10 +512,9 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
                                         void* dbias, const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     const auto a = cross_entropy_backward_args(fn, context, device, n, v, d, E, C, bias, targets, lse, vocab_order,
                                                dloss, dE, dC, dbias, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
   });
@@ -490,10 +525,9 @@ tlse_status tlse_contrastive_workspace_bytes(tlse_context* context, tlse_device 
                                              const tlse_contrastive_options* options, size_t* bytes) {
   static const char* fn = "tlse_contrastive_workspace_bytes";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     if (!bytes) invalid(fn, "bytes", "is NULL");
     const auto a = contrastive_args(fn, b, c, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::contrastive_workspace<decltype(tag)>(launch, a); });
   });
@@ -505,9 +539,8 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
                                      const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_forward";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     const auto a = contrastive_forward_args(fn, context, device, b, c, I, T, labels, loss, row_lse, col_lse, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
   });
@@ -519,10 +552,9 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
                                       void* dT, void* dscale, const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_backward";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     const auto a = contrastive_backward_args(fn, context, device, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
                                              dscale, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
   });

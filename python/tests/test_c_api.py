@@ -82,3 +82,26 @@ def test_null_context():
     status = L._lib.tlse_cross_entropy_workspace_bytes(None, L.DEVICE_HOST, None, L.F32, 1, 1, 1, None,
                                                         ctypes.byref(size))
     assert status == L.INVALID_ARGUMENT and "argument 'context' is NULL" in L._last_error()
+
+
+def test_host_call_from_another_thread():
+    """From a thread other than the one that initialized Kokkos: the same result (a Serial host
+    space), or, with Kokkos' OpenMP, a TiledLSEError saying why; never a crash."""
+    import threading
+
+    status, loss, e, c, targets = forward()  # this thread creates the context, if no test did
+    assert status == L.SUCCESS, L._last_error()
+    outcome = {}
+
+    def call():
+        outcome["status"], outcome["loss"], *_ = forward()
+        outcome["message"] = L._last_error()
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join()
+    if outcome["status"] == L.SUCCESS:
+        return
+    assert outcome["status"] == L.UNSUPPORTED
+    assert "the thread that initialized Kokkos" in outcome["message"]
+    assert outcome["loss"].item() == -1.0
