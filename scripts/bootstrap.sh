@@ -142,6 +142,9 @@ install_cuda() {
 }
 
 debian_packages+=(doxygen)  # scripts/docs.sh; CI builds the documentation
+# scripts/sanitize.sh: clang with its ASan/UBSan/libFuzzer runtimes, OpenMP and symbolizer;
+# hypothesis for the Python property tests.
+debian_packages+=(clang-14 libclang-rt-14-dev libomp-14-dev llvm-14 python3-hypothesis)
 apt_install "${debian_packages[@]}"
 if [ "$backend" = cuda ]; then
   install_cuda

@@ -168,6 +168,39 @@ TEST_F(CeFixture, EmptyBatchIsDefined) {
   for (double x : to_host(dC)) ASSERT_EQ(x, 0.0);
 }
 
+TEST_F(CeFixture, OptionsMustSurviveTheAccumulatorType) {
+  // Regression: softcap 1e39 became inf in float, and every logit NaN; softcap 1e-300 became 0,
+  // which silently turned the softcap off.
+  tlse::CrossEntropyOptions o;
+  o.softcap = 1e39;
+  expect_rejected([&] { forward(o); }, {"'softcap'", "1e+39", "more than the largest float"});
+  o.softcap = 1e-300;
+  expect_rejected([&] { forward(o); }, {"'softcap'", "1e-300", "rounds to 0 (off) in float"});
+  o = {};
+  o.z_loss = 1e39;
+  expect_rejected([&] { forward(o); }, {"'z_loss'", "more than the largest float"});
+  untouched();
+  o = {};
+  o.softcap = 3e38;  // representable: accepted
+  forward(o);
+  EXPECT_TRUE(std::isfinite(to_host(loss)[0]));
+}
+
+TEST(ExtentBadInput, MoreThan32BitRowsAreRejectedBeforeAnyRead) {
+  // Regression: through the C API, n = 2^31 + 5 rows were truncated by the kernels' 32-bit row
+  // indices and the call read past `targets` (a segfault). These views point nowhere: nothing may
+  // be read.
+  using Unmanaged = Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const std::size_t rows = std::size_t(1) << 31;
+  Unmanaged E(nullptr, rows, 4), Cm(nullptr, 3, 4);
+  Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> targets(nullptr, rows);
+  C::AccView loss("loss", 1);
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, targets, loss); },
+                  {"'E'", "(2147483648, 4)", "32-bit integers (at most 2147483647)"});
+  C::AccView lse("lse", 3);
+  expect_rejected([&] { tlse::linear_lse(Exec(), Unmanaged(nullptr, 3, rows), Cm, lse); }, {"'A'", "(3, 2147483648)"});
+}
+
 struct ClFixture : ::testing::Test {
   std::mt19937_64 rng{7};
   const std::int64_t b = 12, c = 5;
@@ -204,6 +237,14 @@ TEST_F(ClFixture, ScaleMustBeFiniteAndNonNegative) {
     expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, none, loss, rl, cl, o); }, {"'scale'", "finite and >= 0"});
     expect_rejected([&] { tlse::contrastive_loss_backward(Exec(), I, T, none, rl, cl, dloss, dI, dT, dscale, o); }, {"'scale'"});
   }
+  untouched();
+}
+
+TEST_F(ClFixture, ScaleMustNotOverflowFloat) {
+  tlse::ContrastiveOptions o;
+  o.scale = 1e39;  // inf in float: every logit inf or NaN
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, none, loss, rl, cl, o); },
+                  {"'scale'", "more than the largest float"});
   untouched();
 }
 

@@ -200,6 +200,12 @@ inline void expect_grad_close(const char* what, const std::vector<double>& got, 
 #define TLSE_TEST_CONFIGS                                                                                    \
   ::testing::Types<tlse::test::Config<Kokkos::Cuda, float>, tlse::test::Config<Kokkos::Cuda, double>,       \
                    tlse::test::Config<Kokkos::Cuda, tlse::bfloat16>, tlse::test::Config<Kokkos::Cuda, tlse::float16>>
+#elif defined(TLSE_TEST_OPENMP_ONLY)
+// The sanitizer build (scripts/sanitize.sh): Serial runs the same generic kernels as OpenMP, and
+// leaving it out halves that build's compile time.
+#define TLSE_TEST_CONFIGS                                                                                    \
+  ::testing::Types<tlse::test::Config<Kokkos::OpenMP, float>, tlse::test::Config<Kokkos::OpenMP, double>,   \
+                   tlse::test::Config<Kokkos::OpenMP, tlse::bfloat16>, tlse::test::Config<Kokkos::OpenMP, tlse::float16>>
 #else
 #define TLSE_TEST_CONFIGS                                                                                    \
   ::testing::Types<tlse::test::Config<Kokkos::Serial, float>, tlse::test::Config<Kokkos::Serial, double>,   \

@@ -9,7 +9,11 @@
  *   TLSE_F64 (the accumulator type). Targets and labels are int64_t; vocab_order is int32_t.
  * - Pointers are used in place (no copies) and must be accessible from `device`: host memory
  *   for TLSE_DEVICE_HOST, CUDA device memory of the context's device for TLSE_DEVICE_CUDA.
- *   Optional arguments are NULL. A NULL output gradient is not computed.
+ *   Optional arguments are NULL. A NULL output gradient is not computed. Each array is aligned to
+ *   the size of its elements, and an array a call writes shares no byte with any other argument
+ *   (the workspace included).
+ * - Sizes (n, v, d, b, c) are at most 2^31 - 1: rows, classes and features are indexed with
+ *   32-bit integers.
  * - On CUDA, work is enqueued on `stream` (a cudaStream_t; NULL: the legacy default stream) and
  *   a call may return before it finishes; synchronize the stream before reading the outputs.
  */
@@ -30,7 +34,16 @@
 extern "C" {
 #endif
 
-typedef enum tlse_status {
+/* In C++ the enums are based on int: any int that a C, Fortran or ctypes caller passes is then a
+ * value of the parameter's type, which the library reports as a bad argument (an out-of-range
+ * value of an enum without a fixed type is undefined behaviour in C++). */
+#ifdef __cplusplus
+#define TLSE_INT_ENUM : int
+#else
+#define TLSE_INT_ENUM
+#endif
+
+typedef enum tlse_status TLSE_INT_ENUM {
   TLSE_SUCCESS = 0,
   TLSE_ERROR_INVALID_ARGUMENT = 1, /* a bad shape, pointer, option, target, label ... */
   TLSE_ERROR_UNSUPPORTED = 2,      /* e.g. TLSE_DEVICE_CUDA in a library built without CUDA, or a
@@ -39,10 +52,10 @@ typedef enum tlse_status {
   TLSE_ERROR_RUNTIME = 4           /* anything else (Kokkos, CUDA); see tlse_last_error() */
 } tlse_status;
 
-typedef enum tlse_dtype { TLSE_F32 = 0, TLSE_F64 = 1, TLSE_BF16 = 2, TLSE_F16 = 3 } tlse_dtype;
-typedef enum tlse_device { TLSE_DEVICE_HOST = 0, TLSE_DEVICE_CUDA = 1 } tlse_device;
-typedef enum tlse_reduction { TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2 } tlse_reduction;
-typedef enum tlse_direction {
+typedef enum tlse_dtype TLSE_INT_ENUM { TLSE_F32 = 0, TLSE_F64 = 1, TLSE_BF16 = 2, TLSE_F16 = 3 } tlse_dtype;
+typedef enum tlse_device TLSE_INT_ENUM { TLSE_DEVICE_HOST = 0, TLSE_DEVICE_CUDA = 1 } tlse_device;
+typedef enum tlse_reduction TLSE_INT_ENUM { TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2 } tlse_reduction;
+typedef enum tlse_direction TLSE_INT_ENUM {
   TLSE_DIRECTION_SYMMETRIC = 0,     /* (image-to-text + text-to-image) / 2, as CLIP */
   TLSE_DIRECTION_IMAGE_TO_TEXT = 1,
   TLSE_DIRECTION_TEXT_TO_IMAGE = 2
@@ -94,8 +107,11 @@ TLSE_API int tlse_device_available(tlse_device device);
 TLSE_API const char* tlse_last_error(void);
 
 /* Creates a context. Initializes Kokkos if it is not initialized yet (then on CUDA device
- * `cuda_device`; -1: Kokkos' default, device 0), else uses the running Kokkos. Contexts are
- * cheap to share: calls on one context are serialized by a lock. */
+ * `cuda_device`; -1: Kokkos' default, device 0), else uses the running Kokkos. Any thread may
+ * call any function: calls run one at a time (one lock per process). Host calls (TLSE_DEVICE_HOST)
+ * with an OpenMP Kokkos must come from the thread that initialized Kokkos, outside any parallel
+ * region; from another thread they fail with TLSE_ERROR_UNSUPPORTED. CUDA calls must come from a
+ * thread whose current device is the context's. A destroyed context is an error. */
 TLSE_API tlse_status tlse_context_create(tlse_context** context, int cuda_device);
 
 /* Destroys a context. When the last context goes and this library initialized Kokkos, Kokkos
@@ -160,8 +176,8 @@ TLSE_API tlse_status tlse_contrastive_backward(tlse_context* context, tlse_devic
 /* ---- Distributed calls: the caller's communicator, as callbacks --------------------------- */
 
 /* Element types and reductions of tlse_communicator.allreduce. */
-typedef enum tlse_comm_dtype { TLSE_COMM_F32 = 0, TLSE_COMM_F64 = 1, TLSE_COMM_I32 = 2, TLSE_COMM_I64 = 3 } tlse_comm_dtype;
-typedef enum tlse_comm_op { TLSE_COMM_SUM = 0, TLSE_COMM_MAX = 1 } tlse_comm_op;
+typedef enum tlse_comm_dtype TLSE_INT_ENUM { TLSE_COMM_F32 = 0, TLSE_COMM_F64 = 1, TLSE_COMM_I32 = 2, TLSE_COMM_I64 = 3 } tlse_comm_dtype;
+typedef enum tlse_comm_op TLSE_INT_ENUM { TLSE_COMM_SUM = 0, TLSE_COMM_MAX = 1 } tlse_comm_op;
 
 /* The caller's communication, for the *_distributed calls: any transport (MPI, NCCL, a framework's
  * process group) plugs in through these function pointers. Each returns 0 on success; nonzero

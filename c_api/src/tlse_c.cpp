@@ -5,17 +5,20 @@
 
 #include <tlse/distributed/impl/agreement.hpp>
 
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
+#include <vector>
 
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda_runtime_api.h>
 #endif
 
 struct tlse_context {
-  std::mutex lock;  // Kokkos execution space instances are not meant to be driven from several threads at once
   int cuda_device = -1;
 #if defined(KOKKOS_ENABLE_CUDA)
   std::map<void*, Kokkos::Cuda> streams;  // a Kokkos::Cuda instance allocates: one per stream, reused
@@ -28,8 +31,13 @@ using tlse::capi::Error;
 
 thread_local std::string last_error;
 
-std::mutex kokkos_lock;  // guards the three below
-int live_contexts = 0;
+// Every call holds this lock from its first check to its return, so calls from several threads
+// run one at a time: Kokkos (3.4) does not support launching work on one execution space from
+// several threads at once, its Serial and OpenMP spaces keep process-wide scratch, and its CUDA
+// launches share one constant-memory staging buffer. It also orders calls with context creation
+// and destruction. It guards the three below.
+std::mutex kokkos_lock;
+std::set<const tlse_context*> live_contexts;  // created and not yet destroyed
 bool initialized_here = false;
 bool finalized_here = false;
 
@@ -64,12 +72,42 @@ tlse_status guarded(const char* function, F&& f) noexcept {
   throw Error(TLSE_ERROR_INVALID_ARGUMENT, std::string(function) + ": argument '" + argument + "' " + message);
 }
 
-void check_context(const char* function, const tlse_context* context) {
-  if (!context) invalid(function, "context", "is NULL; create one with tlse_context_create");
+/// A call's hold on kokkos_lock, taken before anything else, with its context checked: a
+/// destroyed context is an error instead of a use after free.
+class CallLock {
+ public:
+  CallLock(const char* function, const tlse_context* context) : guard_(kokkos_lock) {
+    if (!context) invalid(function, "context", "is NULL; create one with tlse_context_create");
+    if (!live_contexts.count(context))
+      invalid(function, "context",
+              "is not a live context: it was destroyed by tlse_context_destroy, or never made by tlse_context_create");
+  }
+
+ private:
+  std::lock_guard<std::mutex> guard_;
+};
+
+/// Kokkos 3.4's OpenMP backend launches parallel work only from the thread that initialized
+/// Kokkos, outside any parallel region; launched from another thread, a reduction throws inside
+/// Kokkos where the exception cannot be caught, and the process aborts. Such a call fails here.
+void check_host_thread(const char* function) {
+  if (tlse::impl::host_space_accepts_work()) return;
+  throw Error(TLSE_ERROR_UNSUPPORTED,
+              std::string(function) + ": argument 'device' is TLSE_DEVICE_HOST but this thread cannot launch work on " +
+                  "Kokkos' host execution space (" + Kokkos::DefaultHostExecutionSpace::name() +
+                  "): it accepts work only from the thread that initialized Kokkos (the thread of the first " +
+                  "tlse_context_create), outside any parallel region; call from that thread");
 }
+
+/// The largest size (n, v, d, b, c): the kernels index rows, classes and features with 32-bit
+/// ints. It also keeps every element count (a product of two sizes) within int64_t.
+constexpr std::int64_t max_size = 2147483647;
 
 void check_size(const char* function, const char* name, std::int64_t value) {
   if (value < 0) invalid(function, name, "must be >= 0, got " + std::to_string(value));
+  if (value > max_size)
+    invalid(function, name, "is " + std::to_string(value) + ", more than " + std::to_string(max_size) +
+                                " (2^31 - 1): TiledLSE indexes rows, classes and features with 32-bit integers");
 }
 
 /// Whether `p` may be read by kernels on `device`: in a CUDA build the runtime knows where every
@@ -97,21 +135,116 @@ void check_pointer(const char* function, const tlse_context* context, const char
 #endif
 }
 
-/// A required pointer of `count` elements: NULL only when there is nothing to point at.
-void check_required(const char* function, const tlse_context* context, const char* name, const void* p,
-                    std::int64_t count, tlse_device device) {
-  if (!p && count > 0) invalid(function, name, "is NULL but has " + std::to_string(count) + " elements");
-  check_pointer(function, context, name, p, device);
+/// Bytes of one element of a call's dtype (`value`) and of its accumulator type (`acc`).
+struct ElementBytes {
+  std::size_t value, acc;
+};
+
+ElementBytes element_bytes(const char* function, tlse_dtype dtype) {
+  switch (dtype) {
+    case TLSE_F32: return {4, 4};
+    case TLSE_F64: return {8, 8};
+    case TLSE_BF16:
+    case TLSE_F16: return {2, 4};
+  }
+  invalid(function, "dtype", "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
 }
 
-/// Builds the launch for `device` and `stream`; the context's lock must be held.
+std::string address(std::uintptr_t p) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(p));
+  return text;
+}
+
+/// The caller's arrays of one call, checked as they are added (NULL where required, alignment,
+/// device, the end of the address space), then against each other by disjoint(): an array the
+/// call writes must not share a byte with any other array, or the call would read what it is
+/// writing, or write one result over another.
+class CallerArrays {
+ public:
+  CallerArrays(const char* function, const tlse_context* context, tlse_device device)
+      : function_(function), context_(context), device_(device) {}
+
+  /// `count` elements of `element` bytes that the call reads; `required`: NULL only if count is 0.
+  void input(const char* name, const void* p, std::int64_t count, std::size_t element, bool required = false) {
+    add(name, p, count, element, required, false);
+  }
+  /// As input(), for an array the call writes.
+  void output(const char* name, const void* p, std::int64_t count, std::size_t element, bool required = false) {
+    add(name, p, count, element, required, true);
+  }
+  /// The caller's workspace (written; any alignment).
+  void workspace(const void* p, std::size_t bytes) {
+    check_pointer(function_, context_, "workspace", p, device_);
+    range("workspace", p, bytes, true);
+  }
+  /// Throws naming the first two arrays that overlap where one of them is written.
+  void disjoint() const {
+    for (std::size_t i = 0; i < ranges_.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j) {
+        const Range &a = ranges_[i], &b = ranges_[j];
+        if ((a.written || b.written) && a.begin < b.end && b.begin < a.end)
+          invalid(function_, a.name,
+                  "overlaps argument '" + std::string(b.name) + "' (bytes [" + address(a.begin) + ", " +
+                      address(a.end) + ") and [" + address(b.begin) + ", " + address(b.end) +
+                      ")); an array the call writes must not share memory with another argument");
+      }
+  }
+
+ private:
+  struct Range {
+    const char* name;
+    std::uintptr_t begin, end;
+    bool written;
+  };
+  void add(const char* name, const void* p, std::int64_t count, std::size_t element, bool required, bool written) {
+    if (!p && required && count > 0) invalid(function_, name, "is NULL but has " + std::to_string(count) + " elements");
+    if (!p || count == 0) return;
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    if (at % element != 0)
+      invalid(function_, name, "is at address " + address(at) + ", not a multiple of " + std::to_string(element) +
+                                   " bytes (the size of its elements)");
+    check_pointer(function_, context_, name, p, device_);
+    std::size_t bytes = 0;
+    if (__builtin_mul_overflow(std::size_t(count), element, &bytes))
+      invalid(function_, name, "has " + std::to_string(count) + " elements of " + std::to_string(element) +
+                                   " bytes, more than the address space holds");
+    range(name, p, bytes, written);
+  }
+  void range(const char* name, const void* p, std::size_t bytes, bool written) {
+    if (!p || bytes == 0) return;
+    const auto begin = reinterpret_cast<std::uintptr_t>(p);
+    std::uintptr_t end = 0;
+    if (__builtin_add_overflow(begin, bytes, &end))
+      invalid(function_, name, "spans " + std::to_string(bytes) + " bytes from address " + address(begin) +
+                                   ", past the end of the address space");
+    ranges_.push_back({name, begin, end, written});
+  }
+
+  const char* function_;
+  const tlse_context* context_;
+  tlse_device device_;
+  std::vector<Range> ranges_;
+};
+
+/// Builds the launch for `device` and `stream`; kokkos_lock must be held.
 tlse::capi::Launch launch_for(const char* function, tlse_context* context, tlse_device device, void* stream) {
   tlse::capi::Launch l;
   if (device != TLSE_DEVICE_HOST && device != TLSE_DEVICE_CUDA)
     invalid(function, "device", "is " + std::to_string(int(device)) + ", not TLSE_DEVICE_HOST (0) or TLSE_DEVICE_CUDA (1)");
   l.device = device;
+  if (device == TLSE_DEVICE_HOST) check_host_thread(function);
   if (device == TLSE_DEVICE_CUDA) {
 #if defined(KOKKOS_ENABLE_CUDA)
+    // Kokkos 3.4 launches on the calling thread's current device, whatever device its stream
+    // belongs to: from a thread set to another GPU the kernels would fail or read another GPU's
+    // memory.
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != context->cuda_device)
+      invalid(function, "device",
+              "is TLSE_DEVICE_CUDA but this thread's current CUDA device is " + std::to_string(current) +
+                  " and the context runs on device " + std::to_string(context->cuda_device) + "; call cudaSetDevice(" +
+                  std::to_string(context->cuda_device) + ") on this thread first");
     auto it = context->streams.find(stream);
     if (it == context->streams.end())
       it = context->streams.emplace(stream, Kokkos::Cuda(static_cast<cudaStream_t>(stream))).first;
@@ -234,13 +367,13 @@ tlse::capi::CrossEntropyArgs cross_entropy_args(const char* fn, int64_t n, int64
 }
 
 /// The inputs forward and backward share (E, C, bias, targets), checked and recorded in `a`.
-void cross_entropy_inputs(const char* fn, const tlse_context* context, tlse_device device,
-                          tlse::capi::CrossEntropyArgs& a, const void* E, const void* C, const void* bias,
-                          const int64_t* targets) {
-  check_required(fn, context, "E", E, a.n * a.d, device);
-  check_required(fn, context, "C", C, a.v * a.d, device);
-  check_pointer(fn, context, "bias", bias, device);
-  check_required(fn, context, "targets", targets, a.n, device);
+void cross_entropy_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::CrossEntropyArgs& a, const void* E,
+                          const void* C, const void* bias, const int64_t* targets) {
+  arrays.input("E", E, a.n * a.d, e.value, true);
+  arrays.input("C", C, a.v * a.d, e.value, true);
+  arrays.input("bias", bias, a.v, e.value);
+  arrays.input("targets", targets, a.n, sizeof(int64_t), true);
+  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
   a.E = E, a.C = C, a.bias = bias, a.targets = targets;
 }
 
@@ -255,11 +388,12 @@ tlse::capi::ContrastiveArgs contrastive_args(const char* fn, int64_t b, int64_t 
 }
 
 /// The inputs forward and backward share (I, T, labels), checked and recorded in `a`.
-void contrastive_inputs(const char* fn, const tlse_context* context, tlse_device device,
-                        tlse::capi::ContrastiveArgs& a, const void* I, const void* T, const int64_t* labels) {
-  check_required(fn, context, "I", I, a.b * a.c, device);
-  check_required(fn, context, "T", T, a.b * a.c, device);
-  check_pointer(fn, context, "labels", labels, device);
+void contrastive_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::ContrastiveArgs& a, const void* I,
+                        const void* T, const int64_t* labels) {
+  arrays.input("I", I, a.b * a.c, e.value, true);
+  arrays.input("T", T, a.b * a.c, e.value, true);
+  arrays.input("labels", labels, a.b, sizeof(int64_t));
+  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
   a.I = I, a.T = T, a.labels = labels;
 }
 
@@ -290,20 +424,17 @@ void agree(const char* fn, const tlse::distributed::Callbacks& cb, const Checks&
 }
 
 /// A distributed call: the C layer's checks (`make_args`, which returns the checked arguments)
-/// and the dtype agreed on by every rank, then `run(dtype tag, launch, callbacks, args)` under
-/// the context's lock.
+/// and the dtype agreed on by every rank, then `run(dtype tag, launch, callbacks, args)`.
 template <class MakeArgs, class Run>
 void distributed_call(const char* fn, tlse_context* context, const tlse_communicator* comm, tlse_device device,
                       void* stream, tlse_dtype dtype, const MakeArgs& make_args, const Run& run) {
-  check_context(fn, context);
+  const CallLock lock(fn, context);
   const auto cb = callbacks_of(fn, comm);
   decltype(make_args()) a;
-  std::unique_lock<std::mutex> guard;
   tlse::capi::Launch launch;
   agree(fn, cb, [&] {
     a = make_args();
     by_dtype(fn, dtype, [](auto) {});
-    guard = std::unique_lock<std::mutex>(context->lock);
     launch = launch_for(fn, context, device, stream);
   });
   by_dtype(fn, dtype, [&](auto tag) { run(tag, launch, cb, a); });
@@ -311,36 +442,42 @@ void distributed_call(const char* fn, tlse_context* context, const tlse_communic
 
 /// The checked arguments of a cross-entropy forward, single-device or distributed (no vocab_order).
 tlse::capi::CrossEntropyArgs cross_entropy_forward_args(const char* fn, const tlse_context* context,
-                                                        tlse_device device, int64_t n, int64_t v, int64_t d,
-                                                        const void* E, const void* C, const void* bias,
+                                                        tlse_device device, tlse_dtype dtype, int64_t n, int64_t v,
+                                                        int64_t d, const void* E, const void* C, const void* bias,
                                                         const int64_t* targets, void* loss, void* lse,
                                                         int32_t* vocab_order,
                                                         const tlse_cross_entropy_options* options) {
   auto a = cross_entropy_args(fn, n, v, d, options);
-  cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
-  check_required(fn, context, "loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
-  check_pointer(fn, context, "lse", lse, device);
-  check_pointer(fn, context, "vocab_order", vocab_order, device);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  cross_entropy_inputs(arrays, e, a, E, C, bias, targets);
+  arrays.output("loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, e.acc, true);
+  arrays.output("lse", lse, n, e.acc);
+  arrays.output("vocab_order", vocab_order, v, sizeof(int32_t));
+  arrays.disjoint();
   a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
   return a;
 }
 
 /// The checked arguments of a cross-entropy backward, single-device or distributed (no vocab_order).
 tlse::capi::CrossEntropyArgs cross_entropy_backward_args(const char* fn, const tlse_context* context,
-                                                         tlse_device device, int64_t n, int64_t v, int64_t d,
-                                                         const void* E, const void* C, const void* bias,
+                                                         tlse_device device, tlse_dtype dtype, int64_t n, int64_t v,
+                                                         int64_t d, const void* E, const void* C, const void* bias,
                                                          const int64_t* targets, const void* lse,
                                                          const int32_t* vocab_order, const void* dloss, void* dE,
                                                          void* dC, void* dbias,
                                                          const tlse_cross_entropy_options* options) {
   auto a = cross_entropy_args(fn, n, v, d, options);
-  cross_entropy_inputs(fn, context, device, a, E, C, bias, targets);
-  check_required(fn, context, "lse", lse, n, device);
-  check_pointer(fn, context, "vocab_order", vocab_order, device);
-  check_required(fn, context, "dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, device);
-  check_pointer(fn, context, "dE", dE, device);
-  check_pointer(fn, context, "dC", dC, device);
-  check_pointer(fn, context, "dbias", dbias, device);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  cross_entropy_inputs(arrays, e, a, E, C, bias, targets);
+  arrays.input("lse", lse, n, e.acc, true);
+  arrays.input("vocab_order", vocab_order, v, sizeof(int32_t));
+  arrays.input("dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, e.acc, true);
+  arrays.output("dE", dE, n * d, e.value);
+  arrays.output("dC", dC, v * d, e.value);
+  arrays.output("dbias", dbias, v, e.value);
+  arrays.disjoint();
   a.lse = lse, a.order = vocab_order, a.dloss = dloss;
   a.dE = dE, a.dC = dC, a.dbias = dbias;
   return a;
@@ -348,32 +485,38 @@ tlse::capi::CrossEntropyArgs cross_entropy_backward_args(const char* fn, const t
 
 /// The checked arguments of a contrastive forward, single-device or distributed.
 tlse::capi::ContrastiveArgs contrastive_forward_args(const char* fn, const tlse_context* context, tlse_device device,
-                                                     int64_t b, int64_t c, const void* I, const void* T,
-                                                     const int64_t* labels, void* loss, void* row_lse, void* col_lse,
-                                                     const tlse_contrastive_options* options) {
+                                                     tlse_dtype dtype, int64_t b, int64_t c, const void* I,
+                                                     const void* T, const int64_t* labels, void* loss, void* row_lse,
+                                                     void* col_lse, const tlse_contrastive_options* options) {
   auto a = contrastive_args(fn, b, c, options);
-  contrastive_inputs(fn, context, device, a, I, T, labels);
-  check_required(fn, context, "loss", loss, 1, device);
-  check_pointer(fn, context, "row_lse", row_lse, device);
-  check_pointer(fn, context, "col_lse", col_lse, device);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  contrastive_inputs(arrays, e, a, I, T, labels);
+  arrays.output("loss", loss, 1, e.acc, true);
+  arrays.output("row_lse", row_lse, b, e.acc);
+  arrays.output("col_lse", col_lse, b, e.acc);
+  arrays.disjoint();
   a.loss = loss, a.row_lse_out = row_lse, a.col_lse_out = col_lse;
   return a;
 }
 
 /// The checked arguments of a contrastive backward, single-device or distributed.
 tlse::capi::ContrastiveArgs contrastive_backward_args(const char* fn, const tlse_context* context, tlse_device device,
-                                                      int64_t b, int64_t c, const void* I, const void* T,
-                                                      const int64_t* labels, const void* row_lse, const void* col_lse,
-                                                      const void* dloss, void* dI, void* dT, void* dscale,
-                                                      const tlse_contrastive_options* options) {
+                                                      tlse_dtype dtype, int64_t b, int64_t c, const void* I,
+                                                      const void* T, const int64_t* labels, const void* row_lse,
+                                                      const void* col_lse, const void* dloss, void* dI, void* dT,
+                                                      void* dscale, const tlse_contrastive_options* options) {
   auto a = contrastive_args(fn, b, c, options);
-  contrastive_inputs(fn, context, device, a, I, T, labels);
-  check_pointer(fn, context, "row_lse", row_lse, device);
-  check_pointer(fn, context, "col_lse", col_lse, device);
-  check_required(fn, context, "dloss", dloss, 1, device);
-  check_pointer(fn, context, "dI", dI, device);
-  check_pointer(fn, context, "dT", dT, device);
-  check_pointer(fn, context, "dscale", dscale, device);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  contrastive_inputs(arrays, e, a, I, T, labels);
+  arrays.input("row_lse", row_lse, b, e.acc);
+  arrays.input("col_lse", col_lse, b, e.acc);
+  arrays.input("dloss", dloss, 1, e.acc, true);
+  arrays.output("dI", dI, b * c, e.value);
+  arrays.output("dT", dT, b * c, e.value);
+  arrays.output("dscale", dscale, 1, e.acc);
+  arrays.disjoint();
   a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
   a.dI = dI, a.dT = dT, a.dscale = dscale;
   return a;
@@ -436,10 +579,10 @@ tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
       invalid(fn, "cuda_device", "is " + std::to_string(cuda_device) + " but the running Kokkos uses CUDA device " +
                                      std::to_string(kokkos_cuda_device()));
     }
-    auto c = new tlse_context;
+    auto c = std::make_unique<tlse_context>();
     c->cuda_device = kokkos_cuda_device();
-    ++live_contexts;
-    *context = c;
+    live_contexts.insert(c.get());
+    *context = c.release();
   });
 }
 
@@ -448,8 +591,10 @@ tlse_status tlse_context_destroy(tlse_context* context) {
   return guarded(fn, [&] {
     if (!context) return;
     std::lock_guard<std::mutex> guard(kokkos_lock);
+    if (!live_contexts.erase(context))
+      invalid(fn, "context", "is not a live context: it was destroyed already, or never made by tlse_context_create");
     delete context;  // its Kokkos::Cuda instances go before Kokkos itself
-    if (--live_contexts == 0 && initialized_here) {
+    if (live_contexts.empty() && initialized_here) {
       Kokkos::finalize();
       finalized_here = true;
     }
@@ -459,7 +604,7 @@ tlse_status tlse_context_destroy(tlse_context* context) {
 tlse_status tlse_context_cuda_device(const tlse_context* context, int* cuda_device) {
   static const char* fn = "tlse_context_cuda_device";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     if (!cuda_device) invalid(fn, "cuda_device", "is NULL");
     *cuda_device = context->cuda_device;
   });
@@ -470,10 +615,9 @@ tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_devic
                                                const tlse_cross_entropy_options* options, size_t* bytes) {
   static const char* fn = "tlse_cross_entropy_workspace_bytes";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     if (!bytes) invalid(fn, "bytes", "is NULL");
     const auto a = cross_entropy_args(fn, n, v, d, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::cross_entropy_workspace<decltype(tag)>(launch, a); });
   });
@@ -485,10 +629,9 @@ tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device
                                        int32_t* vocab_order, const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto a = cross_entropy_forward_args(fn, context, device, n, v, d, E, C, bias, targets, loss, lse,
+    const CallLock lock(fn, context);
+    const auto a = cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse,
                                               vocab_order, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
   });
@@ -501,10 +644,9 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
                                         void* dbias, const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto a = cross_entropy_backward_args(fn, context, device, n, v, d, E, C, bias, targets, lse, vocab_order,
+    const CallLock lock(fn, context);
+    const auto a = cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, vocab_order,
                                                dloss, dE, dC, dbias, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
   });
@@ -515,10 +657,9 @@ tlse_status tlse_contrastive_workspace_bytes(tlse_context* context, tlse_device 
                                              const tlse_contrastive_options* options, size_t* bytes) {
   static const char* fn = "tlse_contrastive_workspace_bytes";
   return guarded(fn, [&] {
-    check_context(fn, context);
+    const CallLock lock(fn, context);
     if (!bytes) invalid(fn, "bytes", "is NULL");
     const auto a = contrastive_args(fn, b, c, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::contrastive_workspace<decltype(tag)>(launch, a); });
   });
@@ -530,9 +671,8 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
                                      const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_forward";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto a = contrastive_forward_args(fn, context, device, b, c, I, T, labels, loss, row_lse, col_lse, options);
-    std::lock_guard<std::mutex> guard(context->lock);
+    const CallLock lock(fn, context);
+    const auto a = contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
   });
@@ -544,10 +684,9 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
                                       void* dT, void* dscale, const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_backward";
   return guarded(fn, [&] {
-    check_context(fn, context);
-    const auto a = contrastive_backward_args(fn, context, device, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
+    const CallLock lock(fn, context);
+    const auto a = contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
                                              dscale, options);
-    std::lock_guard<std::mutex> guard(context->lock);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
   });
@@ -563,7 +702,7 @@ tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const 
     distributed_call(
         fn, context, comm, device, stream, dtype,
         [&] {
-          return cross_entropy_forward_args(fn, context, device, n, v, d, E, C, bias, targets, loss, lse, nullptr,
+          return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse, nullptr,
                                             options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
@@ -583,7 +722,7 @@ tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const
     distributed_call(
         fn, context, comm, device, stream, dtype,
         [&] {
-          return cross_entropy_backward_args(fn, context, device, n, v, d, E, C, bias, targets, lse, nullptr, dloss,
+          return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, nullptr, dloss,
                                              dE, dC, dbias, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
@@ -601,7 +740,7 @@ tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tl
   return guarded(fn, [&] {
     distributed_call(
         fn, context, comm, device, stream, dtype,
-        [&] { return contrastive_forward_args(fn, context, device, b, c, I, T, labels, loss, row_lse, col_lse, options); },
+        [&] { return contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse, options); },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a);
         });
@@ -619,7 +758,7 @@ tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const t
     distributed_call(
         fn, context, comm, device, stream, dtype,
         [&] {
-          return contrastive_backward_args(fn, context, device, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
+          return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
                                            dscale, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {

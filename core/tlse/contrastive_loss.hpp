@@ -143,7 +143,7 @@ void check_pair(const Exec& exec, const ArgumentChecker& check, const IV& I, con
   if (I.extent(0) != Tx.extent(0))
     check.fail("T", "has " + std::to_string(Tx.extent(0)) + " rows but 'I' has " + std::to_string(I.extent(0)) +
                         "; image and text batches must match");
-  check.finite_nonnegative("scale", o.scale);
+  check.finite_nonnegative<accumulator_t<scalar_of<IV>>>("scale", o.scale);
   check_finite(exec, check, "I", I, o.non_finite);
   check_finite(exec, check, "T", Tx, o.non_finite);
   if (check.optional("labels", labels, I.extent(0), "the batch size"))
@@ -327,7 +327,7 @@ index_t check_self(const Exec& exec, const ArgumentChecker& check, const ZV& Z, 
   check.matrix("Z", Z);
   if (Z.extent(0) % 2 != 0)
     check.fail("Z", "has " + std::to_string(Z.extent(0)) + " rows; the self-similarity form needs 2B rows (two views of B samples)");
-  check.finite_nonnegative("scale", o.scale);
+  check.finite_nonnegative<accumulator_t<scalar_of<ZV>>>("scale", o.scale);
   check_finite(exec, check, "Z", Z, o.non_finite);
   return index_t(Z.extent(0));
 }

@@ -64,8 +64,8 @@ struct CrossEntropyCall {
     check.vector("targets", targets);
     check.extent("targets", targets.extent(0), N, "E's row count");
     if (o.shift < 0) check.fail("shift", "must be >= 0, got " + std::to_string(o.shift));
-    check.finite_nonnegative("softcap", o.softcap);
-    check.finite_nonnegative("z_loss", o.z_loss);
+    check.finite_nonnegative<Acc>("softcap", o.softcap, true);
+    check.finite_nonnegative<Acc>("z_loss", o.z_loss);
     const double eps = resolved_filter_eps<T>(o);
     if (!(eps >= 0 && eps <= 1)) check.fail("filter_eps", "must be in [0, 1] or filter_eps_auto, got " + check.number(eps));
     if (o.ignore_index >= 0 && o.ignore_index < V)

@@ -43,7 +43,7 @@ void check_linear(const Exec& exec, const ArgumentChecker& check, const AV& A, c
                   const LinearLseOptions& o) {
   check_operands(check, "A", A, "B", B);
   check.optional("bias", bias, B.extent(0), "B's row count");
-  check.finite_nonnegative("scale", o.scale);
+  check.finite_nonnegative<accumulator_t<scalar_of<AV>>>("scale", o.scale);
   if (o.valid_cols < -1 || o.valid_cols > std::int64_t(B.extent(0)))
     check.fail("valid_cols", "is " + std::to_string(o.valid_cols) + ", outside [-1, " + std::to_string(B.extent(0)) + "]");
   check_finite(exec, check, "A", A, o.non_finite);

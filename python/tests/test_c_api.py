@@ -117,3 +117,26 @@ def test_cuda_build_without_gpu():
     lines = child.stdout.splitlines()
     assert len(lines) == 2, child.stdout
     assert lines[0].startswith("C API: 2 tlse_context_create: ") and lines[1].startswith("Python: "), child.stdout
+
+
+def test_host_call_from_another_thread():
+    """From a thread other than the one that initialized Kokkos: the same result (a Serial host
+    space), or, with Kokkos' OpenMP, a TiledLSEError saying why; never a crash."""
+    import threading
+
+    status, loss, e, c, targets = forward()  # this thread creates the context, if no test did
+    assert status == L.SUCCESS, L._last_error()
+    outcome = {}
+
+    def call():
+        outcome["status"], outcome["loss"], *_ = forward()
+        outcome["message"] = L._last_error()
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join()
+    if outcome["status"] == L.SUCCESS:
+        return
+    assert outcome["status"] == L.UNSUPPORTED
+    assert "the thread that initialized Kokkos" in outcome["message"]
+    assert outcome["loss"].item() == -1.0

@@ -7,6 +7,7 @@
 #include <tlse/scalar_types.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,9 @@ constexpr void static_check_view() {
 
 class ArgumentChecker {
  public:
+  /// The largest extent of a matrix: the kernels index rows, classes and features with 32-bit ints.
+  static constexpr std::size_t max_extent = 2147483647;
+
   explicit ArgumentChecker(const char* function) : function_(function) {}
 
   [[noreturn]] void fail(const std::string& argument, const std::string& message) const {
@@ -39,6 +43,9 @@ class ArgumentChecker {
   template <class V>
   void matrix(const char* name, const V& v) const {
     const std::size_t rows = v.extent(0), cols = v.extent(1);
+    if (rows > max_extent || cols > max_extent)
+      fail(name, "has shape " + shape(v) + "; TiledLSE indexes rows and columns with 32-bit integers (at most " +
+                     std::to_string(max_extent) + ")");
     if (rows > 1 && cols > 0 && (v.stride(1) != 1 || v.stride(0) != cols))
       fail(name, "must be row-major contiguous (LayoutRight) of shape " + shape(v) + ", but its strides are (" +
                      std::to_string(v.stride(0)) + ", " + std::to_string(v.stride(1)) +
@@ -79,9 +86,19 @@ class ArgumentChecker {
     return true;
   }
 
-  void finite_nonnegative(const char* name, double value) const {
+  /// An option finite and >= 0 that keeps its meaning in the accumulator type Acc: it does not
+  /// overflow Acc and, where 0 means "off" (`zero_is_off`), a positive value does not round to 0.
+  template <class Acc>
+  void finite_nonnegative(const char* name, double value, bool zero_is_off = false) const {
     if (!(value >= 0) || value == infinity<double>())
       fail(name, "must be finite and >= 0, got " + number(value));
+    const char* acc = std::is_same<Acc, double>::value ? "double" : "float";
+    if (value > double(std::numeric_limits<Acc>::max()))
+      fail(name, "is " + number(value) + ", more than the largest " + acc + " (" +
+                     number(double(std::numeric_limits<Acc>::max())) + "), the accumulator type of these inputs");
+    if (zero_is_off && value > 0 && Acc(value) == Acc(0))
+      fail(name, "is " + number(value) + ", which rounds to 0 (off) in " + acc +
+                     ", the accumulator type of these inputs");
   }
 
   template <class V>

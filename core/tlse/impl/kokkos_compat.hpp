@@ -39,4 +39,14 @@ constexpr bool is_host_space() {
   return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
 }
 
+/// Whether the calling thread may launch parallel work on the default host execution space.
+/// OpenMP refuses it inside a parallel region, and in Kokkos 3.4 on every thread but the one that
+/// initialized Kokkos (its in_parallel() is true there). Serial accepts any thread.
+inline bool host_space_accepts_work() {
+#if defined(KOKKOS_ENABLE_OPENMP)
+  if (std::is_same<Kokkos::DefaultHostExecutionSpace, Kokkos::OpenMP>::value) return !Kokkos::OpenMP::in_parallel();
+#endif
+  return true;
+}
+
 }  // namespace tlse::impl

@@ -32,7 +32,8 @@ struct Side {
   KOKKOS_INLINE_FUNCTION index_t id(index_t p) const { return index ? index_t(index[p]) : p; }
 };
 
-/// x = softcap(scale * dot + bias_c), or -inf where masked (excluded diagonal, c >= valid_cols).
+/// x = softcap(scale * dot + bias_c), or -inf where masked (excluded diagonal, c >= valid_cols,
+/// a -inf bias).
 template <class T, class Acc>
 struct LogitModel {
   Acc scale = 1;
@@ -49,7 +50,9 @@ struct LogitModel {
     if (masked(row_id, col_id)) return -infinity<Acc>();
     Acc z = scale * dot;
     if (col_bias) z += to_acc<Acc>(col_bias[col_id]);
-    return softcap > Acc(0) ? softcap * impl::tanh(z / softcap) : z;
+    // A -inf logit stays masked under the softcap (softcap * tanh(-inf) would be -softcap: a
+    // class masked by a -inf bias would get probability again).
+    return softcap > Acc(0) && z != -infinity<Acc>() ? softcap * impl::tanh(z / softcap) : z;
   }
   /// dx/dz for the softcap, written in terms of x itself (1 - tanh^2).
   KOKKOS_INLINE_FUNCTION Acc dx_dz(Acc x) const {

@@ -142,7 +142,8 @@ inline CrossEntropyReference cross_entropy_reference(const Matrix& E, const Matr
     if (target[i] < 0) continue;
     for (std::int64_t j = 0; j < V; ++j) {
       z[j] = detail::dot(E, i, C, j) + (bias.empty() ? 0.0 : bias[j]);
-      x[j] = o.softcap > 0 ? o.softcap * std::tanh(z[j] / o.softcap) : z[j];
+      x[j] = o.softcap > 0 && z[j] != -std::numeric_limits<double>::infinity() ? o.softcap * std::tanh(z[j] / o.softcap)
+                                                                                : z[j];  // -inf stays masked
     }
     const double l = detail::lse(x.data(), V);
     r.lse[i] = l;
@@ -150,6 +151,7 @@ inline CrossEntropyReference cross_entropy_reference(const Matrix& E, const Matr
     const double coef = (o.reduction == Reduction::none ? dloss[i] : dloss[0]) *
                         (o.reduction == Reduction::mean ? 1.0 / double(r.active) : 1.0);
     for (std::int64_t j = 0; j < V; ++j) {
+      if (x[j] == -std::numeric_limits<double>::infinity()) continue;  // a masked logit passes no gradient
       const double p = coef * (1 + 2 * o.z_loss * l) * std::exp(x[j] - l), t = j == target[i] ? coef : 0.0;
       const double cap = o.softcap > 0 ? 1 - (x[j] / o.softcap) * (x[j] / o.softcap) : 1.0;
       G(i, j) = (p - t) * cap;

@@ -58,7 +58,7 @@ ContrastiveAgreement agree_contrastive(const Comm& comm, const tlse::impl::Argum
     if (I.extent(0) != Tx.extent(0))
       check.fail("T", "has " + std::to_string(Tx.extent(0)) + " rows but 'I' has " + std::to_string(I.extent(0)) +
                           "; a rank's image and text blocks must match");
-    check.finite_nonnegative("scale", o.scale);
+    check.finite_nonnegative<accumulator_t<T>>("scale", o.scale);
     tlse::impl::check_finite(exec, check, "I", I, o.non_finite);
     tlse::impl::check_finite(exec, check, "T", Tx, o.non_finite);
     check.optional("labels", labels, I.extent(0), "this rank's batch (rows of 'I')");

@@ -68,8 +68,8 @@ VocabShard agree_cross_entropy(const Comm& comm, const tlse::impl::ArgumentCheck
     check.vector("targets", call.targets);
     check.extent("targets", call.targets.extent(0), call.E.extent(0), "E's row count");
     if (o.shift < 0) check.fail("shift", "must be >= 0, got " + std::to_string(o.shift));
-    check.finite_nonnegative("softcap", o.softcap);
-    check.finite_nonnegative("z_loss", o.z_loss);
+    check.finite_nonnegative<typename Call::Acc>("softcap", o.softcap, true);
+    check.finite_nonnegative<typename Call::Acc>("z_loss", o.z_loss);
     const double eps = tlse::impl::resolved_filter_eps<T>(o);
     if (!(eps >= 0 && eps <= 1))
       check.fail("filter_eps", "must be in [0, 1] or filter_eps_auto, got " + check.number(eps));
