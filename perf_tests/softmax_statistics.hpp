@@ -4,8 +4,9 @@
 /// in float64 on a sample of whole 128-row tiles: the mean loss, the mean number of softmax entries
 /// per row at or above a threshold, and the fraction of backward tiles whose entries are all below
 /// it and that hold no target - the tiles the filter skips (CCE's rule, lse_backward.hpp) - for the
-/// tile shapes of the CUDA kernels (128 x 128: mma.sync; 128 rows x 256 columns: Hopper), with the
-/// vocabulary in id order and sorted as the forward's vocab_order sorts it.
+/// tile shapes of the CUDA kernels (128 x 128: mma.sync; 128 rows x 256 columns: Hopper) and for
+/// 64-column groups (what a finer skip would find), with the vocabulary in id order and sorted as
+/// the forward's vocab_order sorts it.
 ///
 /// The sample's logits come from KokkosBlas::gemm in double on the default execution space (the
 /// GPU in a CUDA build), a block of columns at a time: rows x V x D multiply-adds, a few seconds
@@ -23,11 +24,15 @@
 
 namespace tlse::perf {
 
-/// The tile shapes whose skipping is counted: {rows, columns}.
+/// The tile shapes whose skipping is counted: the mma.sync kernels', the Hopper kernels', and
+/// 64-column groups.
 struct TileShape {
   int rows, cols;
+  const char* what;
 };
-constexpr TileShape filter_tile_shapes[] = {{128, 128}, {128, 256}};
+constexpr TileShape filter_tile_shapes[] = {
+    {128, 128, "mma.sync tiles"}, {128, 256, "Hopper tiles"}, {128, 64, "64-column groups"}};
+constexpr int filter_tile_shape_count = 3;
 constexpr int filter_tile_rows = 128;
 
 /// Logits of sampled rows against the whole vocabulary, in float64, with each row's LSE.
@@ -110,7 +115,7 @@ struct SoftmaxStatistics {
   double entries_per_row = 0;  ///< mean number of entries with p >= threshold
   /// skipped[s][o]: fraction of the sampled row tiles' tiles of shape filter_tile_shapes[s] that the
   /// filter skips, o = 0 with the vocabulary in id order, o = 1 in `order`.
-  double skipped[2][2] = {{0, 0}, {0, 0}};
+  double skipped[filter_tile_shape_count][2] = {};
 };
 
 inline SoftmaxStatistics softmax_statistics(const SampledLogits& s, const std::vector<std::int64_t>& targets,
@@ -121,7 +126,7 @@ inline SoftmaxStatistics softmax_statistics(const SampledLogits& s, const std::v
   st.threshold = threshold;
   std::vector<int> id_order(static_cast<std::size_t>(V));
   std::iota(id_order.begin(), id_order.end(), 0);
-  std::int64_t skipped[2][2] = {{0, 0}, {0, 0}}, tiles[2] = {0, 0};
+  std::int64_t skipped[filter_tile_shape_count][2] = {}, tiles[filter_tile_shape_count] = {};
   std::vector<char> significant(static_cast<std::size_t>(V));
   std::int64_t with_target = 0;
   for (std::int64_t t0 = 0; t0 < S;) {  // one row tile of E at a time: the sample holds whole ones
@@ -142,7 +147,7 @@ inline SoftmaxStatistics softmax_statistics(const SampledLogits& s, const std::v
         ++with_target;
       }
     }
-    for (int shape = 0; shape < 2; ++shape) {
+    for (int shape = 0; shape < filter_tile_shape_count; ++shape) {
       const std::int64_t w = filter_tile_shapes[shape].cols;
       tiles[shape] += (V + w - 1) / w;
       for (int o = 0; o < 2; ++o) {
@@ -159,7 +164,7 @@ inline SoftmaxStatistics softmax_statistics(const SampledLogits& s, const std::v
   }
   if (with_target > 0) st.mean_loss /= double(with_target);
   if (S > 0) st.entries_per_row /= double(S);
-  for (int shape = 0; shape < 2; ++shape)
+  for (int shape = 0; shape < filter_tile_shape_count; ++shape)
     for (int o = 0; o < 2; ++o)
       st.skipped[shape][o] = tiles[shape] ? double(skipped[shape][o]) / double(tiles[shape]) : 0;
   return st;

@@ -94,13 +94,14 @@ TEST(LmInputs, StatisticsWithinTheirStatedRangesAtASmallSize) {
   EXPECT_GT(st.skipped[0][1], st.skipped[0][0] + 0.1) << "sorting groups the likely classes";
   EXPECT_GT(st.skipped[1][1], st.skipped[1][0]);
   EXPECT_GE(st.skipped[0][1], st.skipped[1][1]) << "a wider tile is skipped less often";
+  EXPECT_GE(st.skipped[2][1], st.skipped[0][1]);
 }
 
 TEST(LmInputs, RandomInputsStayTheWorstCaseForFiltering) {
   const auto p = tlse::perf::cross_entropy_problem(42, 256, 64, 8192);
   const auto sample = tlse::perf::sample_logits(p.E, p.C, 2);
   const auto st = tlse::perf::softmax_statistics(sample, p.targets, tlse::perf::vocabulary_order(p.E, p.C), 0x1p-12);
-  for (int shape = 0; shape < 2; ++shape)
+  for (int shape = 0; shape < tlse::perf::filter_tile_shape_count; ++shape)
     for (int order = 0; order < 2; ++order) EXPECT_EQ(st.skipped[shape][order], 0.0) << shape << " " << order;
   EXPECT_GT(st.entries_per_row, 100.0);
 }
@@ -126,12 +127,14 @@ TEST(SoftmaxStatistics, CountsEntriesLossAndSkippableTilesOfHandMadeLogits) {
   EXPECT_DOUBLE_EQ(st.entries_per_row, 129.0 / 128);
   EXPECT_NEAR(st.mean_loss, (std::log(2.0) + 50.0) / 128, 1e-12);  // row 0: ln 2, row 5: 50, others 0
   // Significant classes 10, 300, 550. Id order: tiles [0,128) [256,384) [512,600) hold them, 2 of 5
-  // skipped; 256 wide: [0,256) [256,512) [512,600), none skipped. Sorted: all three in the first
-  // tile, 4 of 5 and 2 of 3 skipped.
+  // skipped; 256 wide: [0,256) [256,512) [512,600), none skipped; 64 wide: 3 of 10 tiles hold one.
+  // Sorted: all three in the first tile, 4 of 5, 2 of 3 and 9 of 10 skipped.
   EXPECT_DOUBLE_EQ(st.skipped[0][0], 2.0 / 5);
   EXPECT_DOUBLE_EQ(st.skipped[1][0], 0.0);
+  EXPECT_DOUBLE_EQ(st.skipped[2][0], 7.0 / 10);
   EXPECT_DOUBLE_EQ(st.skipped[0][1], 4.0 / 5);
   EXPECT_DOUBLE_EQ(st.skipped[1][1], 2.0 / 3);
+  EXPECT_DOUBLE_EQ(st.skipped[2][1], 9.0 / 10);
 }
 
 TEST(SoftmaxStatistics, SamplesWholeRowTilesAndSortsLikeVocabOrder) {

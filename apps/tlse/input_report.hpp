@@ -50,10 +50,12 @@ inline perf::SoftmaxStatistics print_input_statistics(const Options& o, const pe
     const std::string th = threshold_text(t);
     std::printf("  on %lld sampled rows (float64): mean loss %.3f nats, %.1f softmax entries per row >= %s\n",
                 (long long)st.sampled_rows, st.mean_loss, st.entries_per_row, th.c_str());
-    std::printf(
-        "  backward tiles with every entry < %s and no target:  128x128 %5.1f%% (sorted vocabulary %5.1f%%)"
-        "   128x256 %5.1f%% (sorted %5.1f%%)\n",
-        th.c_str(), 100 * st.skipped[0][0], 100 * st.skipped[0][1], 100 * st.skipped[1][0], 100 * st.skipped[1][1]);
+    std::printf("  backward tiles with every entry < %s and no target, in id order / vocabulary sorted:\n", th.c_str());
+    for (int s = 0; s < perf::filter_tile_shape_count; ++s) {
+      const perf::TileShape& shape = perf::filter_tile_shapes[s];
+      std::printf("    %3dx%-3d %-17s %5.1f%% / %5.1f%%\n", shape.rows, shape.cols, shape.what, 100 * st.skipped[s][0],
+                  100 * st.skipped[s][1]);
+    }
   }
   if (!o.filter_study)
     std::printf("  (filtering in this run: %s%s)\n",
