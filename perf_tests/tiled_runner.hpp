@@ -68,8 +68,9 @@ class TiledContrastive {
   AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, row_lse_, col_lse_;
 };
 
-/// Mean cross-entropy without bias (tlse::cross_entropy and its backward, default options:
-/// gradient filtering on, no vocabulary sorting).
+/// Mean cross-entropy without bias (tlse::cross_entropy and its backward). By default as the
+/// library's defaults: gradient filtering at filter_eps_auto, no vocabulary sorting; with
+/// `sort_vocabulary` the forward returns the vocabulary order and the backward visits it.
 template <class Exec, class T>
 class TiledCrossEntropy {
  public:
@@ -80,23 +81,28 @@ class TiledCrossEntropy {
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
   TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets,
-                    Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default)
+                    Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default,
+                    double filter_eps = filter_eps_auto, bool sort_vocabulary = false)
       : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)) {
     opts_.precision = precision;
     opts_.memory_budget = memory_budget;
+    opts_.filter_eps = filter_eps;
+    if (sort_vocabulary) order_ = VocabOrder("vocab_order", C.extent(0));
     workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", cross_entropy_workspace_bytes(exec, E, C, opts_));
     opts_.workspace = {workspace_.data(), workspace_.size()};
     Kokkos::deep_copy(dloss_, Acc(1));
   }
 
-  void forward() { cross_entropy(exec_, E_, C_, Bias(), targets_, loss_, lse_, VocabOrder(), opts_); }
+  void forward() { cross_entropy(exec_, E_, C_, Bias(), targets_, loss_, lse_, order_, opts_); }
   void backward(const Gradient& dE, const Gradient& dC) {
-    cross_entropy_backward(exec_, E_, C_, Bias(), targets_, lse_, VocabOrder(), dloss_, dE, dC,
-                           Kokkos::View<T*, Mem>(), opts_);
+    cross_entropy_backward(exec_, E_, C_, Bias(), targets_, lse_, order_, dloss_, dE, dC, Kokkos::View<T*, Mem>(),
+                           opts_);
   }
   double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(0); }
-  /// Workspace and the LSEs saved for the backward: O(N + V).
-  std::size_t extra_bytes() const { return workspace_bytes() + lse_.size() * sizeof(Acc); }
+  /// Workspace, the LSEs saved for the backward and the vocabulary order: O(N + V).
+  std::size_t extra_bytes() const {
+    return workspace_bytes() + lse_.size() * sizeof(Acc) + order_.size() * sizeof(int);
+  }
   std::size_t workspace_bytes() const { return workspace_.size(); }
   std::size_t team_scratch_bytes() const { return perf::team_scratch_bytes<T>(E_.extent(1)); }
 
@@ -110,6 +116,7 @@ class TiledCrossEntropy {
   CrossEntropyOptions opts_;
   Kokkos::View<char*, Mem> workspace_;
   AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, lse_;
+  VocabOrder order_;  // empty: natural order
 };
 
 }  // namespace tlse::perf

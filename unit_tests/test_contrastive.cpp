@@ -118,6 +118,17 @@ TYPED_TEST(Contrastive, Tf32Precision) {
   this->check(rng, 300, 132, o, true);
 }
 
+TYPED_TEST(Contrastive, ExactFloatTileKernelShapes) {
+  // Exact float on CUDA runs the tile kernels with FFMA products under TLSE_CUDA_EXACT_F32=ffma
+  // (docs/gpu.md): shapes that are not multiples of the 128 x 128 tiles, depth 4 (the smallest
+  // they take), custom positives, and the self-similarity form (both passes into one gradient).
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
+  TLSE_SEEDED(rng);
+  this->check(rng, 300, 132, with_scale(1 / 0.07), true);
+  this->check(rng, 129, 4, with_scale(20));
+  this->check_self(rng, 2 * 150, 36, with_scale(1 / 0.07));
+}
+
 TYPED_TEST(Contrastive, ExtremeLogitsNear1e4) {
   TLSE_SEEDED(rng);
   // Unit features with scale 1e4: logits in [-1e4, 1e4], softmax saturated.

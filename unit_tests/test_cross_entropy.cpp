@@ -167,6 +167,23 @@ TYPED_TEST(CrossEntropy, Tf32Precision) {
   this->check({129, 257, 12, o, 4.0, 0.3, true, true}, rng);
 }
 
+TYPED_TEST(CrossEntropy, ExactFloatChunksSplitsAndMasks) {
+  // Exact float on CUDA runs the tile kernels with FFMA products under TLSE_CUDA_EXACT_F32=ffma
+  // (docs/gpu.md), the generic kernels otherwise; exact either way, checked at float roundoff.
+  // V = 70001: the dE pass runs 128-row chunks of G (64 MiB each) and splits the product's K;
+  // depth 4 is the smallest the tile kernels take; then bias, -inf masks, ignored rows, softcap,
+  // and whole tiles under the gradient filter.
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
+  TLSE_SEEDED(rng);
+  this->check({300, 70001, 8, exact()}, rng);
+  auto o = exact();
+  o.softcap = 20;
+  this->check({130, 513, 4, o, 4.0, 0.2, true, true}, rng);
+  CeCase k{300, 1000, 32, tlse::CrossEntropyOptions{}};
+  k.clusters = 2;
+  this->check(k, rng);
+}
+
 TYPED_TEST(CrossEntropy, WideVocabularyManyTilesPerTeam) {
   TLSE_SEEDED(rng);  // more column tiles than a device holds teams: each team sweeps several
   this->check({100, 160000, 16, exact()}, rng);

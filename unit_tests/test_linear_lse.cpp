@@ -62,6 +62,24 @@ TYPED_TEST(LinearLse, SeveralTensorCoreTiles) {
   this->check(rng, 257, 700, 16, o, true);
 }
 
+TYPED_TEST(LinearLse, ExactFloatTileKernelShapes) {
+  // Exact float on CUDA runs the tile kernels with FFMA products under TLSE_CUDA_EXACT_F32=ffma
+  // (docs/gpu.md): several tiles with bias, an excluded diagonal and masked columns at depth 4,
+  // and logits up to ~1e4.
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
+  TLSE_SEEDED(rng);
+  tlse::LinearLseOptions o;
+  o.scale = 0.6;
+  this->check(rng, 300, 700, 64, o, true);
+  o.exclude_diagonal = true;
+  o.diagonal_offset = 3;
+  o.valid_cols = 650;
+  this->check(rng, 257, 700, 4, o, true);
+  tlse::LinearLseOptions extreme;
+  extreme.scale = 2e3;
+  this->check(rng, 130, 131, 4, extreme);
+}
+
 TYPED_TEST(LinearLse, BiasDiagonalAndValidColumns) {
   TLSE_SEEDED(rng);
   tlse::LinearLseOptions o;

@@ -16,6 +16,7 @@ namespace tlse::app {
 
 enum class Job { contrastive, cross_entropy };
 enum class DType { f32, f64, bf16, f16 };
+enum class Inputs { random, lm };  // perf_tests/random_inputs.hpp, perf_tests/lm_inputs.hpp
 
 struct Options {
   Job job = Job::contrastive;
@@ -23,6 +24,12 @@ struct Options {
   DType dtype = DType::f32;
   bool tf32 = false;  // --precision tf32
   std::size_t memory_budget = memory_budget_default;  // --memory-budget MiB
+  Inputs inputs = Inputs::random;                     // --inputs (cross-entropy)
+  double filter_eps = filter_eps_auto;                // --filter (cross-entropy)
+  bool sort_vocabulary = false;                       // --sort-vocab (cross-entropy)
+  bool statistics_only = false;                       // --statistics-only (cross-entropy)
+  bool filter_study = false;                          // --filter-study (cross-entropy)
+  bool check_sampled = false;                         // --check-sampled (cross-entropy)
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -42,15 +49,41 @@ materialized baseline (KokkosBlas::gemm + softmax over the full matrix).
 
 usage:
   tlse contrastive  --batch B --dim C [--scale S] [common options]
-  tlse cross-entropy --tokens N --dim D --vocab V [common options]
+  tlse cross-entropy --tokens N --dim D --vocab V [cross-entropy options] [common options]
   tlse --help
 
   contrastive     symmetric CLIP loss over B image/text pairs of C features (L2-normalized
                   random rows, diagonal positives), logits scale * I T^T; --scale defaults to
                   1/0.07 = 14.2857.
-  cross-entropy   mean cross-entropy of N tokens over a vocabulary of V classes: E (N x D) ~ N(0,1),
-                  C (V x D) ~ N(0,1) * 4/sqrt(D) (logit std ~4, peaked like a trained LM),
-                  uniform random targets.
+  cross-entropy   mean cross-entropy of N tokens over a vocabulary of V classes, on random or
+                  trained-LM-like inputs (--inputs). Prints what gradient filtering can skip on
+                  them, measured in float64 on 256 sampled rows (perf_tests/softmax_statistics.hpp):
+                  mean loss, softmax entries per row at or above the filter threshold, and the
+                  fraction of 128x128 (mma.sync) and 128x256 (Hopper) backward tiles whose entries
+                  are all below it and that hold no target, with and without vocabulary sorting.
+
+cross-entropy options:
+  --inputs random|lm         random (default; the worst case for filtering): E (N x D) ~ N(0,1),
+                             C (V x D) ~ N(0,1) * 4/sqrt(D) (logit std ~4), uniform targets.
+                             lm: shaped like a trained LM's output layer (perf_tests/lm_inputs.hpp):
+                             Zipf(1.1) targets, token ids a random permutation of frequency ranks,
+                             a log-frequency bias folded into C (E's last feature is 1), 32
+                             plausible tokens per row; mean loss ~2.8 nats, ~50 entries per row
+                             >= 2^-12 at D = 4096, V = 128256 (needs D >= 2; meant for D >= 1024)
+  --filter auto|off|EPS      gradient filtering threshold (CrossEntropyOptions::filter_eps): auto
+                             (default) eps(dtype)/32, off (0: exact gradients), or a number in [0, 1]
+  --sort-vocab               the forward returns the vocabulary sorted by column logit sum and the
+                             backward visits classes in that order (vocab_order)
+  --statistics-only          print the inputs' statistics and stop (no timing)
+  --filter-study             time TiledLSE three times on the same inputs: filtering off, at the
+                             threshold of --filter (default auto), and at it with the vocabulary
+                             sorted; prints the backward times (fwd+bwd - forward) and the share
+                             of skippable tiles of each (the statistics above)
+  --check-sampled            compare dE on 256 sampled rows and dC on 256 sampled classes (the 128
+                             likeliest by column logit sum and 128 spread over the ids) with float64
+                             gradients from exact float64 LSEs of every row (KokkosBlas::gemm on the
+                             run's device, N V D multiply-adds): what --check does, at sizes whose
+                             full reference would take hours; reports the error filtering adds
 
 common options:
   --dtype f32|f64|bf16|f16   input and gradient type (default f32); kernels accumulate in
@@ -111,6 +144,16 @@ inline double positive_number(const std::string& flag, const std::string& text) 
   if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
     throw UsageError(flag + " expects a finite number, got '" + text + "'");
   if (!(v > 0)) throw UsageError(flag + " must be positive, got '" + text + "'");
+  return v;
+}
+
+inline double filter_eps(const std::string& flag, const std::string& text) {
+  if (text == "auto") return filter_eps_auto;
+  if (text == "off") return 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(v >= 0 && v <= 1))
+    throw UsageError(flag + " expects auto, off or a number in [0, 1], got '" + text + "'");
   return v;
 }
 
@@ -193,6 +236,24 @@ inline Options parse_command_line(int argc, const char* const* argv) {
       o.tokens = detail::positive_integer(flag, next());
     } else if (!contrastive && flag == "--vocab") {
       o.vocab = detail::positive_integer(flag, next());
+    } else if (!contrastive && flag == "--inputs") {
+      const std::string& v = next();
+      if (v != "random" && v != "lm") throw UsageError(flag + " expects random or lm, got '" + v + "'");
+      o.inputs = v == "lm" ? Inputs::lm : Inputs::random;
+    } else if (!contrastive && flag == "--filter") {
+      o.filter_eps = detail::filter_eps(flag, next());
+    } else if (!contrastive && flag == "--sort-vocab") {
+      no_value();
+      o.sort_vocabulary = true;
+    } else if (!contrastive && flag == "--statistics-only") {
+      no_value();
+      o.statistics_only = true;
+    } else if (!contrastive && flag == "--filter-study") {
+      no_value();
+      o.filter_study = true;
+    } else if (!contrastive && flag == "--check-sampled") {
+      no_value();
+      o.check_sampled = true;
     } else {
       throw UsageError("unknown option '" + args[k] + "' for " + args[0]);
     }
@@ -208,6 +269,10 @@ inline Options parse_command_line(int argc, const char* const* argv) {
     require(o.vocab, "--vocab");
   }
   require(o.dim, "--dim");
+  if (o.filter_study && o.filter_eps == 0)
+    throw UsageError("--filter-study compares filtering with --filter off; give it a threshold");
+  if (o.inputs == Inputs::lm && o.dim < 2)
+    throw UsageError("--inputs lm needs --dim >= 2 (one feature carries the bias)");
   if (o.tf32 && o.dtype != DType::f32) throw UsageError("--precision tf32 applies to --dtype f32 only");
   return o;
 }

@@ -1,11 +1,15 @@
 #pragma once
-// The two jobs of `tlse`: build the random problem, time TiledLSE and the materialized
-// baseline on it, print the table and, with --check, compare both with the float64 reference.
+// The two jobs of `tlse`: build the problem (random, or for cross-entropy trained-LM-like), time
+// TiledLSE and the materialized baseline on it, print the table and, with --check, compare both
+// with the float64 reference.
 #include "check.hpp"
 #include "cli.hpp"
+#include "filter_study.hpp"
+#include "input_report.hpp"
 #include "outcome.hpp"
 #include "timing.hpp"
 
+#include <lm_inputs.hpp>
 #include <materialized_baseline.hpp>
 #include <random_inputs.hpp>
 #include <tiled_runner.hpp>
@@ -93,16 +97,22 @@ int run_cross_entropy(const Options& o) {
   const std::int64_t N = o.tokens, D = o.dim, V = o.vocab;
   print_header(o, scalar_name<T>(),
                "tokens " + std::to_string(N) + ", dim " + std::to_string(D) + ", vocab " + std::to_string(V));
-  auto problem = perf::cross_entropy_problem(o.seed, N, D, V);
+  auto problem = o.inputs == Inputs::lm ? perf::lm_cross_entropy_problem(o.seed, N, D, V)
+                                        : perf::cross_entropy_problem(o.seed, N, D, V);
   const DeviceMatrix<T> E = perf::upload<T>("E", problem.E), C = perf::upload<T>("C", problem.C);
   const auto targets = perf::upload_targets(problem.targets);
+  CrossEntropyOptions filter;
+  filter.filter_eps = o.filter_eps;
+  const perf::SoftmaxStatistics stats = print_input_statistics(o, problem, impl::resolved_filter_eps<T>(filter));
+  if (o.statistics_only) return 0;
 
   std::vector<Outcome> outcomes;
-  {
-    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget);
-    outcomes.push_back(measure<T>(o, "TiledLSE", tiled, N, V, D));
-    outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
-                                  " + saved LSEs; plus team scratch " +
+  for (const TiledRun& run : tiled_runs(o)) {
+    perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget, run.filter_eps,
+                                           run.sort_vocabulary);
+    outcomes.push_back(measure<T>(o, run.name, tiled, N, V, D));
+    outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) + " + saved LSEs" +
+                                  (run.sort_vocabulary ? " + vocabulary order" : "") + "; plus team scratch " +
                                   bytes_text(double(tiled.team_scratch_bytes())) +
                                   " per team (tile-sized, independent of N and V)";
   }
@@ -114,11 +124,14 @@ int run_cross_entropy(const Options& o) {
                                   (std::is_same<T, Acc>::value ? "" : " + float copies of E, C, dE, dC");
   }
   print_table(outcomes);
-  if (!o.check) return 0;
+  if (o.filter_study) print_filter_study(outcomes, stats);
+  const bool sampled_ok = !o.check_sampled || check_sampled(outcomes, problem, tolerance<T>(o.tf32));
+  if (!o.check) return sampled_ok ? 0 : 1;
 
   announce_reference(5.0 * double(N) * double(V) * double(D));
   const auto ref = testing::cross_entropy_reference(problem.E, problem.C, {}, problem.targets, CrossEntropyOptions{}, {1.0});
-  return check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>(o.tf32)) ? 0 : 1;
+  const bool ok = check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>(o.tf32));
+  return ok && sampled_ok ? 0 : 1;
 }
 
 }  // namespace tlse::app

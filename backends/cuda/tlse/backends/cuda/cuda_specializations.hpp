@@ -5,7 +5,10 @@
 //   the call's memory budget;
 // - the mma.sync tensor-core kernels (lse_forward_mma.hpp, lse_backward_mma.hpp): the forward
 //   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;
+// - the same kernels with FFMA products (ffma_product.hpp) for exact float, when
+//   TLSE_CUDA_EXACT_F32=ffma asks for them (exact_f32_on_ffma; not yet the default);
 // - anything else runs the generic kernels.
+#include <tlse/backends/cuda/ffma_product.hpp>
 #include <tlse/backends/cuda/kernel_path.hpp>
 #include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/lse_forward_mma.hpp>
@@ -19,21 +22,30 @@
 
 namespace tlse::impl {
 
-/// 16-bit inputs always; float inputs when the call allows TF32 (checked at run time).
+/// The input types the tile kernels take: 16-bit inputs always; float inputs in TF32 on tensor
+/// cores, or exact with FFMA products when enabled (both checked at run time).
 template <class T>
-constexpr bool on_tensor_cores =
+constexpr bool on_tile_kernels =
     std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value || std::is_same<T, float>::value;
 
 template <>
 struct LseForwardSpecialization<Kokkos::Cuda> {
   template <class T, class Acc>
   static bool run(const Kokkos::Cuda& exec, const TileProblem<T, Acc>& prob, ForwardPartials<Acc>& parts) {
-    if constexpr (on_tensor_cores<T> && std::is_same<Acc, float>::value) {
+    if constexpr (on_tile_kernels<T> && std::is_same<Acc, float>::value) {
       const cuda::KernelPath path = cuda::kernel_path(exec.cuda_device());
 #if defined(TLSE_HAVE_HOPPER)
       if (path == cuda::KernelPath::hopper && cuda::LseForwardHopper::run(exec.cuda_stream(), prob, parts)) return true;
 #endif
-      if (path == cuda::KernelPath::generic || !cuda::LseForwardMma::applies(prob)) return false;
+      if (path == cuda::KernelPath::generic) return false;
+      if constexpr (std::is_same<T, float>::value) {
+        if (!prob.tf32) {  // exact float
+          if (!cuda::exact_f32_on_ffma() || !cuda::LseForwardMma::applies<T, cuda::FfmaProduct>(prob)) return false;
+          cuda::LseForwardMma::run<T, cuda::FfmaProduct>(exec.cuda_stream(), exec.cuda_device(), prob, parts);
+          return true;
+        }
+      }
+      if (!cuda::LseForwardMma::applies(prob)) return false;
       cuda::LseForwardMma::run(exec.cuda_stream(), exec.cuda_device(), prob, parts);
       return true;
     } else {
@@ -42,10 +54,10 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
   }
 };
 
-/// The backward stores G = scale * dL/dx in the input type for the tensor cores (fp16 scaled by
-/// rows, see lse_backward_mma.hpp); float only in TF32 (checked at run time).
+/// The backward stores G = scale * dL/dx in the input type for the tile kernels' product (fp16
+/// scaled by rows, see lse_backward_mma.hpp); float in TF32, or exact with FFMA when enabled.
 template <class T>
-constexpr bool backward_on_tensor_cores = on_tensor_cores<T>;
+constexpr bool backward_on_tile_kernels = on_tile_kernels<T>;
 
 template <>
 struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
@@ -79,8 +91,8 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
   template <class T>
   static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth,
                                    Precision precision) {
-    if constexpr (backward_on_tensor_cores<T>) {
-      if (sizeof(T) == 4 && precision != Precision::tf32) return 0;
+    if constexpr (backward_on_tile_kernels<T>) {
+      if (sizeof(T) == 4 && precision != Precision::tf32 && !cuda::exact_f32_on_ffma()) return 0;
       if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return 0;
       return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth, sizeof(T));
     } else {
@@ -90,8 +102,13 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
   template <class F>
   static bool run(const Kokkos::Cuda& exec, const F& f) {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
-    if constexpr (backward_on_tensor_cores<T>) {
+    if constexpr (backward_on_tile_kernels<T>) {
       if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return false;
+      if constexpr (std::is_same<T, float>::value)
+        if (!f.prob.tf32)  // exact float
+          return cuda::exact_f32_on_ffma() &&
+                 cuda::LseBackwardMma::run<T, cuda::FfmaProduct>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch,
+                                                                 f.scratch_bytes);
       return cuda::LseBackwardMma::run<T>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch, f.scratch_bytes);
     } else {
       return false;

@@ -6,6 +6,8 @@
 // path a device cannot run falls back to the next: hopper -> mma -> generic). Unset or `auto`:
 // the fastest path the device runs, except that the Hopper kernels are taken only when asked for
 // until they have passed the GPU suite (hopper_by_default). TLSE_GENERIC_ONLY=1 still means generic.
+// Exact float inputs (Precision::exact) have their own switch, TLSE_CUDA_EXACT_F32=ffma|generic:
+// the tile kernels with FFMA products (ffma_product.hpp), or the generic kernels.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -27,6 +29,25 @@ enum class KernelPath { hopper, mma, generic };
 /// The Hopper kernels compiled and linked, but not yet run on a GPU in this project's suite:
 /// `auto` does not pick them until they have (docs/gpu.md).
 constexpr bool hopper_by_default = false;
+
+/// The exact-float32 FFMA kernels compiled, but not yet run on a GPU in this project's suite:
+/// `auto` keeps exact float on the generic kernels until they have (docs/gpu.md).
+constexpr bool ffma_by_default = false;
+
+/// Whether exact float inputs run the tile kernels with FFMA products (where the kernel path is
+/// not generic): TLSE_CUDA_EXACT_F32=ffma|generic, unset or `auto`: ffma_by_default. Read once;
+/// throws on a value it does not know.
+inline bool exact_f32_on_ffma() {
+  static const bool on = [] {
+    const char* v = std::getenv("TLSE_CUDA_EXACT_F32");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return ffma_by_default;
+    if (std::strcmp(v, "ffma") == 0) return true;
+    if (std::strcmp(v, "generic") == 0) return false;
+    throw std::invalid_argument(std::string("tlse: TLSE_CUDA_EXACT_F32 is '") + v +
+                                "'; expected auto, ffma or generic");
+  }();
+  return on;
+}
 
 /// What TLSE_CUDA_KERNELS asks for; throws on a value it does not know.
 inline const char* requested_kernel_path() {

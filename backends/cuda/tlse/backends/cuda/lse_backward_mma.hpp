@@ -1,7 +1,9 @@
 #pragma once
 // CUDA specialization of one backward pass (the gradient of the owned side) for bf16/fp16
-// inputs. The generic pass keeps a TM x depth accumulator per team, which does not fit on chip
-// at depth 4096; here the pass runs over chunks of owned rows, each in two tensor-core kernels:
+// inputs and float in TF32 on tensor cores, and for exact float with FfmaProduct (ffma_product.hpp:
+// the same plan and kernels, FFMA products). The generic pass keeps a TM x depth accumulator per
+// team, which does not fit on chip at depth 4096; here the pass runs over chunks of owned rows,
+// each in two kernels:
 //   1. the tile sweep (nt_sweep.hpp) recomputes the logits of the chunk against the whole other
 //      side and its epilogue turns them into G = scale * dL/dx, stored as T in a chunk buffer
 //      (rows x other, bounded by chunk_budget_bytes), plus per-row partial sums for dscale/dbias;
@@ -13,7 +15,7 @@
 //      split over K.
 // fp16 cannot hold G as it is: entries like p / N fall below its 2^-24 floor. Each owned row of
 // G is stored times a power of two that puts the row's bound (row_scale_for) at 2^14, and the
-// product divides it out exactly; bf16 (float's exponent range) and TF32 store G unscaled.
+// product divides it out exactly; bf16 (float's exponent range) and float store G unscaled.
 // No atomics: results are bitwise reproducible. Everything lives in the caller's workspace.
 #include <tlse/backends/cuda/launch_shape.hpp>
 #include <tlse/backends/cuda/nt_sweep.hpp>
@@ -23,7 +25,8 @@
 
 namespace tlse::impl::cuda {
 
-constexpr int LDSB = BN + 8;  // k-major B tile row stride in halves: 272 bytes, conflict-free ldmatrix.trans
+// The product's B tile is k-major, LDSB elements per row (nt_sweep.hpp): 272 bytes for 16-bit
+// inputs, conflict-free ldmatrix.trans.
 constexpr int PRODUCT_SMEM_BYTES = STAGES * (BM * LDS + BK * LDSB) * 2;
 static_assert(PRODUCT_SMEM_BYTES <= SWEEP_SMEM_BYTES + 1024, "both kernels fit two blocks per SM");
 
@@ -195,7 +198,7 @@ struct GradientEpilogue {
 
 /// Block (x, y): owned rows [a_begin + 128 x, + 128) against the other side's column tiles of
 /// split y. Row sums go to part[y * chunk + row - a_begin].
-template <class T, class F>
+template <class T, class F, class Product>
 __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid_constant__ GradientParams<T, F> p) {
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[4][BM];
@@ -205,19 +208,19 @@ __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid
   const int ct_begin = blockIdx.y * p.col_tiles_per_split;
   const int ct_end = ct_begin + p.col_tiles_per_split < total_ct ? ct_begin + p.col_tiles_per_split : total_ct;
   GradientEpilogue<T, F> epi{p, row0, red, other};
-  nt_sweep(p.A, p.B, p.f.prob.depth, row0, p.a_end, ct_begin, ct_end, reinterpret_cast<std::uint16_t*>(smem_raw), epi);
+  nt_sweep<T, GradientEpilogue<T, F>, Product>(p.A, p.B, p.f.prob.depth, row0, p.a_end, ct_begin, ct_end,
+                                               reinterpret_cast<std::uint16_t*>(smem_raw), epi);
   const int tid = threadIdx.x;
   if (p.part && tid < BM && row0 + tid < p.a_end) p.part[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run;
 }
 
 /// out = G (chunk x ldp, row-major) times the other side's rows X (K = X.count, row k of X
 /// at X.id(k)), 128 x 128 output tiles over depth D, K consumed 128 bytes at a time through the
-/// same 3-stage cp.async pipeline; X's tile is stored k-major and read with ldmatrix.trans
-/// (16-bit inputs) or with 32-bit shared loads (TF32: ldmatrix.trans would split the floats).
+/// same 3-stage cp.async pipeline; X's tile is stored k-major (Product::stage_nn reads it).
 /// gridDim.z == 1: writes gradient rows own.id(a_begin + m) (+= with accumulate); otherwise split
 /// z of K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel. K steps whose G
 /// tile the sweep filtered out (tile_mask) are skipped: they hold no stored values.
-template <class T>
+template <class T, class Product>
 __global__ void __launch_bounds__(THREADS, 2)
     grad_product_kernel(const T* G, index_t ldp, index_t chunk, Side<T> X, index_t D, int k_tiles_per_split,
                         const unsigned char* tile_mask, int mask_ld, const float* row_scale, Side<T> own,
@@ -272,27 +275,7 @@ __global__ void __launch_bounds__(THREADS, 2)
     if (next < kt_end) load(next, issued % STAGES), next = next_kept(next + 1), ++issued;
     cp_async_commit();
     const std::uint16_t* sa = smem + (it % STAGES) * STAGE;
-    const std::uint16_t* sb = sa + BM * LDS;
-  #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      unsigned a[4][4], b[4][2];
-      load_a_fragments(a, sa, w, kk);
-      if constexpr (HALVES == 1) {
-      #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          unsigned r[4];
-          ldmatrix_x4_trans(r, smem_address(sb + (kk + ((w.lane >> 3) & 1) * 8 + (w.lane & 7)) * LDSB + w.wn * 32 +
-                                            p * 16 + (w.lane >> 4) * 8));
-          b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
-        }
-      } else {  // TF32 m16n8k8: b0 = X[k = lane % 4][n = lane / 4], b1 = the same at k + 4
-        const unsigned* sbw = reinterpret_cast<const unsigned*>(sb);
-        const int k = kk / 2 + (w.lane & 3), n = w.wn * 32 + (w.lane >> 2);
-      #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) b[nt][0] = sbw[k * LDSB + n + nt * 8], b[nt][1] = sbw[(k + 4) * LDSB + n + nt * 8];
-      }
-      mma_warp_tile<T>(acc, a, b);
-    }
+    Product::stage_nn(acc, sa, sa + BM * LDS, w);
   }
   cp_async_wait<0>();
 
@@ -402,9 +385,9 @@ struct BackwardPlan {
 };
 
 struct LseBackwardMma {
-  template <class T>
+  template <class T, class Product = TensorCoreProduct<T>>
   static bool applies(const TileProblem<T, float>& prob) {
-    return sweep_applies(prob);
+    return sweep_applies<T, Product>(prob);
   }
 
   /// Scratch one pass needs (owned x other rows, depth, T of elem_bytes).
@@ -413,21 +396,22 @@ struct LseBackwardMma {
     return BackwardPlan::make(owned, other, depth, multiprocessors(device), elem_bytes).bytes(depth);
   }
 
-  /// Runs the pass described by f (a BackwardTiles<T, float>) on `stream`; false when the
-  /// problem does not qualify or the scratch is too small (the caller then runs the generic pass).
-  template <class T, class F>
+  /// Runs the pass described by f (a BackwardTiles<T, float>) on `stream` with Product's
+  /// arithmetic; false when the problem does not qualify or the scratch is too small (the caller
+  /// then runs the generic pass).
+  template <class T, class Product = TensorCoreProduct<T>, class F>
   static bool run(cudaStream_t stream, int device, const F& f, char* scratch, std::size_t scratch_bytes) {
     // One row sum per pass at most (dscale for the contrastive row pass, dbias for the
     // cross-entropy column pass); a pass wanting both is left to the generic kernel.
-    if (!applies(f.prob) || (f.dscale_part && f.dbias)) return false;
+    if (!applies<T, Product>(f.prob) || (f.dscale_part && f.dbias)) return false;
     const Side<T>& own = f.owner_is_row ? f.prob.rows : f.prob.cols;
     const Side<T>& other = f.owner_is_row ? f.prob.cols : f.prob.rows;
     const index_t D = f.prob.depth;
     const BackwardPlan plan = BackwardPlan::make(own.count, other.count, D, multiprocessors(device), sizeof(T));
     if (scratch == nullptr || scratch_bytes < plan.bytes(D)) return false;
     static const bool configured =
-        (raise_smem_limit(gradient_sweep_kernel<T, F>, SWEEP_SMEM_BYTES, "gradient_sweep_kernel"),
-         raise_smem_limit(grad_product_kernel<T>, PRODUCT_SMEM_BYTES, "grad_product_kernel"), true);
+        (raise_smem_limit(gradient_sweep_kernel<T, F, Product>, SWEEP_SMEM_BYTES, "gradient_sweep_kernel"),
+         raise_smem_limit(grad_product_kernel<T, Product>, PRODUCT_SMEM_BYTES, "grad_product_kernel"), true);
     (void)configured;
     WorkspaceCarver carver(scratch + (64 - reinterpret_cast<std::uintptr_t>(scratch) % 64) % 64);
     const BackwardPlan::Buffers buf = plan.carve(carver, D);
@@ -455,7 +439,7 @@ struct LseBackwardMma {
                                         buf.other_bound,
                                         sums ? buf.row_sums : nullptr,
                                         f.dscale_part != nullptr};
-      gradient_sweep_kernel<T, F>
+      gradient_sweep_kernel<T, F, Product>
           <<<dim3(unsigned(row_tiles), unsigned(plan.sweep_splits)), THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
       check_launch("gradient_sweep_kernel");
       if (sums) {
@@ -465,10 +449,10 @@ struct LseBackwardMma {
       }
       if (!f.grad) continue;
       const dim3 grid(unsigned(row_tiles), unsigned((D + BN - 1) / BN), unsigned(plan.k_splits));
-      grad_product_kernel<T><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
+      grad_product_kernel<T, Product><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
           reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split,
-          filter ? buf.tile_mask : nullptr, int(plan.col_tiles), scaled ? buf.row_scale : nullptr, own, a_begin,
-          f.grad, f.accumulate, buf.part);
+          filter ? buf.tile_mask : nullptr, int(plan.col_tiles), scaled ? buf.row_scale : nullptr, own, a_begin, f.grad,
+          f.accumulate, buf.part);
       check_launch("grad_product_kernel");
       if (plan.k_splits > 1) {
         gradient_reduce_kernel<T><<<unsigned(std::min<index_t>((chunk * D + 255) / 256, 8192)), 256, 0, stream>>>(

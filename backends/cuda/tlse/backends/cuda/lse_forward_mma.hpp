@@ -1,10 +1,10 @@
 #pragma once
-// CUDA specialization of the forward LSE for bf16/fp16 inputs (and float in TF32): the
-// tensor-core sweep (nt_sweep.hpp) with an epilogue that folds each finished tile into per-row
-// online LSE states and, on request, into per-column states and column logit sums, so the
-// contrastive loss gets its row and column LSE (and cross-entropy its vocabulary order) from
-// one pass over the tiles. Launched natively on exec.cuda_stream() because it needs 108 KiB of
-// shared memory (Kokkos 3.4 caps team scratch at 40 KiB).
+// CUDA specialization of the forward LSE for bf16/fp16 inputs (and float in TF32; exact float
+// with FfmaProduct, ffma_product.hpp): the tile sweep (nt_sweep.hpp) with an epilogue that folds
+// each finished tile into per-row online LSE states and, on request, into per-column states and
+// column logit sums, so the contrastive loss gets its row and column LSE (and cross-entropy its
+// vocabulary order) from one pass over the tiles. Launched natively on exec.cuda_stream() because
+// it needs 108 KiB of shared memory (Kokkos 3.4 caps team scratch at 40 KiB).
 //
 // Layout of the work, as the generic forward (lse_forward.hpp): block (x, y) takes row tiles
 // [x r, x r + r) and the column tiles of split y. Its row states stay in registers for one row
@@ -133,7 +133,7 @@ struct LseEpilogue {
 /// Block (x, y): row tiles [x r, x r + r) (r = row_tiles_per_block) against the column tiles of
 /// split y. Writes one partial state per row, row_max/row_sum[y * A.count + row], and merges the
 /// column states into slot x.
-template <class T, bool Columns>
+template <class T, bool Columns, class Product>
 __global__ void __launch_bounds__(THREADS, 2) lse_forward_mma_kernel(const __grid_constant__ ForwardParams<T> p) {
   extern __shared__ uint4 smem_raw[];
   __shared__ float red_max[4][BM], red_sum[4][BM];
@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(THREADS, 2) lse_forward_mma_kernel(const __gri
     const index_t row0 = (index_t(blockIdx.x) * p.row_tiles_per_block + rt) * BM;
     if (row0 >= na) break;
     LseEpilogue<T, Columns> epi{p, row0, rt == 0, red_max, red_sum};
-    nt_sweep(p.A, p.B, p.depth, row0, na, ct_begin, ct_end, reinterpret_cast<std::uint16_t*>(smem_raw), epi);
+    nt_sweep<T, LseEpilogue<T, Columns>, Product>(p.A, p.B, p.depth, row0, na, ct_begin, ct_end,
+                                                  reinterpret_cast<std::uint16_t*>(smem_raw), epi);
     const int tid = threadIdx.x;
     if (tid < BM && row0 + tid < na) {
       p.row_max[index_t(blockIdx.y) * na + row0 + tid] = epi.run_max;
@@ -154,21 +155,21 @@ __global__ void __launch_bounds__(THREADS, 2) lse_forward_mma_kernel(const __gri
   }
 }
 
-/// The forward LSE on tensor cores, when sweep_applies.
+/// The forward LSE on tensor cores (or with FfmaProduct, in exact float), when sweep_applies.
 struct LseForwardMma {
-  template <class T>
+  template <class T, class Product = TensorCoreProduct<T>>
   static bool applies(const TileProblem<T, float>& prob) {
-    return sweep_applies(prob);
+    return sweep_applies<T, Product>(prob);
   }
 
   /// Fills `parts` (see ForwardPartials). Without column outputs every block takes one row tile
   /// and only the column splits are chosen; with them the row tiles are grouped into at most
   /// max_row_splits blocks, each owning a column slot.
-  template <class T>
+  template <class T, class Product = TensorCoreProduct<T>>
   static void run(cudaStream_t stream, int device, const TileProblem<T, float>& prob, ForwardPartials<float>& parts) {
     static const bool configured =
-        (raise_smem_limit(lse_forward_mma_kernel<T, false>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"),
-         raise_smem_limit(lse_forward_mma_kernel<T, true>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"), true);
+        (raise_smem_limit(lse_forward_mma_kernel<T, false, Product>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"),
+         raise_smem_limit(lse_forward_mma_kernel<T, true, Product>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"), true);
     (void)configured;
     const index_t na = prob.rows.count, nb = prob.cols.count;
     const index_t row_tiles = (na + BM - 1) / BM, col_tiles = (nb + BN - 1) / BN;
@@ -185,9 +186,9 @@ struct LseForwardMma {
     if (parts.cols) params.col_sum = parts.cols + row_blocks * nb;
     const dim3 grid(unsigned(row_blocks), unsigned(parts.col_splits));
     if (columns)
-      lse_forward_mma_kernel<T, true><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
+      lse_forward_mma_kernel<T, true, Product><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
     else
-      lse_forward_mma_kernel<T, false><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
+      lse_forward_mma_kernel<T, false, Product><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
     check_launch("lse_forward_mma_kernel");
   }
 };

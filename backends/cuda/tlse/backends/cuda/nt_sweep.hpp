@@ -4,7 +4,9 @@
 // dot products A_a . B_b on tensor cores (mma.sync m16n8k16, fp32 accumulation) from operands
 // staged in shared memory by a 3-stage cp.async pipeline (128 x 128 x 64) that runs on across
 // column tiles. What happens to a finished tile is the epilogue's business: the forward folds it
-// into online LSE states, the backward turns it into dL/dx. The tile never leaves the SM.
+// into online LSE states, the backward turns it into dL/dx. The tile never leaves the SM. How a
+// stage's operands are multiplied is the Product's: tensor cores here (TensorCoreProduct), exact
+// float32 FFMA in ffma_product.hpp, both into the same accumulator layout.
 #include <tlse/backends/cuda/mma_primitives.hpp>
 
 namespace tlse::impl::cuda {
@@ -13,6 +15,7 @@ namespace tlse::impl::cuda {
 // depth per row, i.e. 64 bf16/fp16 values or 32 floats (depth_per_stage<T>).
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 3, THREADS = 256;
 constexpr int LDS = BK + 8;  // shared row stride in halves: 144 bytes keeps ldmatrix conflict-free
+constexpr int LDSB = BN + 8;  // k-major B tile row stride of the gradient product (in its elements)
 constexpr int CHUNKS = BM * BK / 8 / THREADS;  // 16-byte copies per thread per operand and stage
 template <class T>
 constexpr int depth_per_stage = BK * 2 / int(sizeof(T));
@@ -62,11 +65,64 @@ __device__ __forceinline__ void mma_warp_tile(TileAccumulator& acc, unsigned (&a
     for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
 }
 
+/// The products of one pipeline stage on tensor cores (mma.sync, fp32 accumulation): for 16-bit
+/// inputs, and for float inputs that allow TF32.
+template <class T>
+struct TensorCoreProduct {
+  static bool applies(const TileProblem<T, float>& prob) { return sizeof(T) == 2 || prob.tf32; }
+
+  /// acc += A B^T over the stage: A rows [m][k] and B rows [n][k], LDS halves apart (the sweep).
+  static __device__ __forceinline__ void stage_nt(TileAccumulator& acc, const std::uint16_t* sa,
+                                                  const std::uint16_t* sb, const WarpPosition& w) {
+  #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned a[4][4], b[4][2];
+      load_a_fragments(a, sa, w, kk);
+    #pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        unsigned r[4];
+        ldmatrix_x4(r, smem_address(sb + (w.wn * 32 + p * 16 + (w.lane & 7) + (w.lane >> 4) * 8) * LDS + kk +
+                                    ((w.lane >> 3) & 1) * 8));
+        b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+      }
+      mma_warp_tile<T>(acc, a, b);
+    }
+  }
+
+  /// acc += A B over the stage: A rows [m][k] as above, B k-major [k][n], rows LDSB elements
+  /// apart (the gradient product); read with ldmatrix.trans (16-bit inputs) or with 32-bit shared
+  /// loads (TF32: ldmatrix.trans would split the floats).
+  static __device__ __forceinline__ void stage_nn(TileAccumulator& acc, const std::uint16_t* sa,
+                                                  const std::uint16_t* sb, const WarpPosition& w) {
+  #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned a[4][4], b[4][2];
+      load_a_fragments(a, sa, w, kk);
+      if constexpr (sizeof(T) == 2) {
+      #pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          unsigned r[4];
+          ldmatrix_x4_trans(r, smem_address(sb + (kk + ((w.lane >> 3) & 1) * 8 + (w.lane & 7)) * LDSB + w.wn * 32 +
+                                            p * 16 + (w.lane >> 4) * 8));
+          b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+        }
+      } else {  // TF32 m16n8k8: b0 = X[k = lane % 4][n = lane / 4], b1 = the same at k + 4
+        const unsigned* sbw = reinterpret_cast<const unsigned*>(sb);
+        const int k = kk / 2 + (w.lane & 3), n = w.wn * 32 + (w.lane >> 2);
+      #pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          b[nt][0] = sbw[k * LDSB + n + nt * 8], b[nt][1] = sbw[(k + 4) * LDSB + n + nt * 8];
+      }
+      mma_warp_tile<T>(acc, a, b);
+    }
+  }
+};
+
 /// Sweeps column tiles [ct_begin, ct_end) of B against rows [row0, row0 + BM) of A (positions
 /// at or past a_end read as zero). Calls epi.column_tile(acc, ct) after each column tile, with
 /// every thread of the block, then clears the accumulator. Needs SWEEP_SMEM_BYTES of dynamic
 /// shared memory at `smem`; depth a multiple of 8 and 16-byte aligned rows.
-template <class T, class Epilogue>
+template <class T, class Epilogue, class Product = TensorCoreProduct<T>>
 __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index_t K, index_t row0, index_t a_end,
                                          int ct_begin, int ct_end, std::uint16_t* smem, Epilogue& epi) {
   const WarpPosition w;
@@ -117,20 +173,7 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
     if (it + STAGES - 1 < iters) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
     cp_async_commit();
     const std::uint16_t* sa = smem + (it % STAGES) * (BM + BN) * LDS;
-    const std::uint16_t* sb = sa + BM * LDS;
-  #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      unsigned a[4][4], b[4][2];
-      load_a_fragments(a, sa, w, kk);
-    #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        unsigned r[4];
-        ldmatrix_x4(r, smem_address(sb + (w.wn * 32 + p * 16 + (w.lane & 7) + (w.lane >> 4) * 8) * LDS + kk +
-                                    ((w.lane >> 3) & 1) * 8));
-        b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
-      }
-      mma_warp_tile<T>(acc, a, b);
-    }
+    Product::stage_nt(acc, sa, sa + BM * LDS, w);
     if (it % KT != KT - 1) continue;
     epi.column_tile(acc, ct_begin + it / KT);
     clear(acc);
@@ -138,13 +181,13 @@ __device__ __forceinline__ void nt_sweep(const Side<T> A, const Side<T> B, index
   cp_async_wait<0>();
 }
 
-/// Whether the sweep takes a problem: 16-bit inputs, or float inputs that allow TF32; rows of a
+/// Whether the sweep with `Product` takes a problem: the product takes its precision; rows of a
 /// whole number of 16-byte chunks, 16-byte aligned (cp.async copies 16 bytes); both sides non-empty.
-template <class T>
+template <class T, class Product = TensorCoreProduct<T>>
 bool sweep_applies(const TileProblem<T, float>& prob) {
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  return (sizeof(T) == 2 || prob.tf32) && prob.depth > 0 && prob.depth % per_16_bytes<T> == 0 &&
-         aligned(prob.rows.data) && aligned(prob.cols.data) && prob.rows.count > 0 && prob.cols.count > 0;
+  return Product::applies(prob) && prob.depth > 0 && prob.depth % per_16_bytes<T> == 0 && aligned(prob.rows.data) &&
+         aligned(prob.cols.data) && prob.rows.count > 0 && prob.cols.count > 0;
 }
 
 /// Sums per-row values over the 4 column warps in a fixed order: each warp's quad leader puts
