@@ -20,7 +20,7 @@ set -uo pipefail
 parts=" ${*:-all} "
 want() { [ "$parts" = " all " ] || [[ "$parts" == *" $1 "* ]]; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-carry=${TLSE_CARRY:-$root/build-cuda/carry}
+. "$root/scripts/carry_dir.sh"
 export LD_LIBRARY_PATH=$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:-.}/gpu_filtering.log
 : >"$log"

@@ -1,41 +1,54 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the cases of the Hopper issue (docs/gpu.md) timed with the
-# Hopper kernels and with the mma.sync kernels, the cross-entropy under several memory budgets,
-# and PyTorch's materialized baselines (shared/bench/baselines.py, copied into the tree as
-# perf_tests/baselines.py for the call) on the same device. Writes one log line per run to
-# $OUT/gpu_hopper.log (or ./gpu_hopper.log) and prints a short table last.
-#   perf_tests/run_gpu_hopper.sh [--quick]   --quick: one case per loss, 3 iterations
+# Hopper kernels (and with the mma.sync kernels: --with-mma, about 3 minutes more), the
+# cross-entropy under several memory budgets, and PyTorch's materialized baselines
+# (shared/bench/baselines.py, copied into the tree as perf_tests/baselines.py; it is git-ignored,
+# so the device call must carry it) on the same device. Writes one log line per run to
+# $OUT/gpu_hopper.log (or ./gpu_hopper.log) and prints a short table last. About 4 minutes.
+#   perf_tests/run_gpu_hopper.sh [--quick] [--with-mma]   --quick: one case per loss, 3 iterations
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-carry=${TLSE_CARRY:-$root/build-cuda/carry}
+. "$root/scripts/carry_dir.sh"
 export LD_LIBRARY_PATH=$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:-.}/gpu_hopper.log
-iterations=10
-[ "${1:-}" = --quick ] && iterations=3
+iterations=10 quick=0 paths=hopper
+for a in "$@"; do
+  case $a in
+    --quick) iterations=3 quick=1 ;;
+    --with-mma) paths="hopper mma" ;;
+    *) echo "usage: $0 [--quick] [--with-mma]" >&2 && exit 2 ;;
+  esac
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$log"
 
 run() {  # run <path> <tlse arguments...>
   local path=$1
   shift
   echo "== TLSE_CUDA_KERNELS=$path tlse $*" | tee -a "$log"
-  TLSE_CUDA_KERNELS=$path "$carry/tlse" "$@" --no-baseline --iterations "$iterations" 2>&1 | tee -a "$log"
+  TLSE_CUDA_KERNELS=$path timeout 120 "$carry/tlse" "$@" --no-baseline --iterations "$iterations" 2>&1 |
+    grep -v '^\[tlse\]' | tee -a "$log"
 }
 
-for path in hopper mma; do
+for path in $paths; do
   run $path cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16
-  [ "${1:-}" = --quick ] && { run $path contrastive --batch 65536 --dim 512 --dtype bf16; continue; }
+  [ $quick = 1 ] && { run $path contrastive --batch 65536 --dim 512 --dtype bf16; continue; }
   run $path cross-entropy --tokens 4096 --dim 4096 --vocab 128256 --dtype bf16
   run $path cross-entropy --tokens 8192 --dim 2304 --vocab 256000 --dtype bf16
   run $path contrastive --batch 65536 --dim 512 --dtype bf16
   run $path contrastive --batch 65536 --dim 512 --dtype f32 --precision tf32
 done
 # Time against the memory budget (the fused backward's panel width), cross-entropy bf16.
-for mib in 128 192 256 512 1024 4096; do
+for mib in 128 192 256 512 1024 2048; do
   run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --memory-budget $mib
 done
+# The contrastive case under the issue's 128 MiB (the fused backward's fp32 accumulator alone takes
+# B x c x 4 bytes = 128 MiB, so the two-pass backward runs).
+run hopper contrastive --batch 65536 --dim 512 --dtype bf16 --memory-budget 128
 if [ -f "$root/perf_tests/baselines.py" ]; then
   echo "== PyTorch baselines (materialized logits)" | tee -a "$log"
-  python3 "$root/perf_tests/baselines.py" 2>&1 | tee -a "$log"
+  timeout 300 python3 "$root/perf_tests/baselines.py" 2>&1 | tee -a "$log"
 fi
+echo "== cuBLAS bf16 GEMM rate (torch.matmul) at the forward shapes" | tee -a "$log"
+timeout 120 python3 "$root/perf_tests/gemm_rate.py" 2>&1 | tee -a "$log"
 echo "== summary (ms)"
-grep -E "^== |TiledLSE|torch_materialized" "$log" | cut -c1-160
+grep -E "^== |TiledLSE|torch_materialized|tflops" "$log" | cut -c1-200

@@ -40,7 +40,8 @@ cmake --build "$build" --parallel "$(nproc)"
 carry=$build/carry
 rm -rf "$carry" && mkdir -p "$carry"
 # The GPU tests (test_hopper_plan checks host arithmetic: the host suite runs it) and the tools
-# the GPU runs use; what travels to the GPU machine must stay under 64 MiB.
+# the GPU runs use. A device call carries at most 64 MiB: build-cuda/carry.tar.gz holds the same
+# (scripts/carry_dir.sh unpacks it on the GPU machine).
 find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' ! -name test_hopper_plan -exec cp {} "$carry/" \;
 for exe in apps/tlse perf_tests/distributed_benchmark; do
   [ -x "$build/$exe" ] && cp "$build/$exe" "$carry/"
@@ -52,4 +53,5 @@ mkdir -p "$carry/python"
 cp -r "$root/python/tiledlse" "$root/python/tests" "$carry/python/"
 find "$carry/python" -name __pycache__ -prune -exec rm -rf {} +
 ldd "$carry"/test_* | awk '/=> \/(usr\/)?lib/ {print $3}' | sort -u | { grep -E 'libbenchmark|libgtest' || true; } | xargs -r -I{} cp -L {} "$carry/"
-du -sh "$carry"
+tar -czf "$build/carry.tar.gz" -C "$build" carry
+du -sh "$carry" "$build/carry.tar.gz"

@@ -6,7 +6,7 @@
 # if any test binary failed.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-carry=${TLSE_CARRY:-$root/build-cuda/carry}
+. "$root/scripts/carry_dir.sh"
 export LD_LIBRARY_PATH=$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "TLSE_CUDA_KERNELS=${TLSE_CUDA_KERNELS:-auto}"

@@ -19,7 +19,7 @@
 # (default python3).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-carry=${TLSE_CARRY:-$root/build-cuda/carry}
+. "$root/scripts/carry_dir.sh"
 python=${PYTHON:-python3}
 unset TILEDLSE_LIBRARY PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -4,8 +4,8 @@
 // (sm_80 and later), or the generic Kokkos kernels. TLSE_CUDA_KERNELS=hopper|mma|generic in the
 // environment forces one for every call of the process, to compare them (read once; a forced
 // path a device cannot run falls back to the next: hopper -> mma -> generic). Unset or `auto`:
-// the fastest path the device runs, except that the Hopper kernels are taken only when asked for
-// until they have passed the GPU suite (hopper_by_default). TLSE_GENERIC_ONLY=1 still means generic.
+// the fastest path the device runs (the Hopper kernels on sm_90 since they passed the GPU suite
+// on an H100 and an H200, 2026-11-23). TLSE_GENERIC_ONLY=1 still means generic.
 // Exact float inputs (Precision::exact) have their own switch, TLSE_CUDA_EXACT_F32=ffma|generic:
 // the tile kernels with FFMA products (ffma_product.hpp), or the generic kernels.
 #include <cuda_runtime.h>
@@ -25,10 +25,6 @@
 namespace tlse::impl::cuda {
 
 enum class KernelPath { hopper, mma, generic };
-
-/// The Hopper kernels compiled and linked, but not yet run on a GPU in this project's suite:
-/// `auto` does not pick them until they have (docs/gpu.md).
-constexpr bool hopper_by_default = false;
 
 /// The exact-float32 FFMA kernels compiled, but not yet run on a GPU in this project's suite:
 /// `auto` keeps exact float on the generic kernels until they have (docs/gpu.md).
@@ -83,7 +79,7 @@ inline KernelPath kernel_path(int device) {
   const std::string requested = requested_kernel_path();
   if (requested == "generic") return KernelPath::generic;
 #if defined(TLSE_HAVE_HOPPER)
-  const bool hopper_wanted = requested == "hopper" || (requested == "auto" && hopper_by_default);
+  const bool hopper_wanted = requested == "hopper" || requested == "auto";
   if (hopper_wanted && tlse_hop_device_supported(device)) return KernelPath::hopper;
 #endif
   return compute_capability(device) >= 80 ? KernelPath::mma : KernelPath::generic;
