@@ -253,9 +253,11 @@ Mat matrix(const Buffer* b, std::int64_t rows, std::int64_t cols) {
 std::vector<double> values(const Buffer* b, std::int64_t count) {
   return b ? matrix(b, 1, count).v : std::vector<double>();
 }
-bool all_finite(const Buffer* b) {
+/// Whether the `count` elements an argument spans are finite. An argument may alias a larger array
+/// (call.array): the library reads only its own `count` elements, and so does this check.
+bool all_finite(const Buffer* b, std::int64_t count) {
   if (!b) return true;
-  for (std::size_t i = 0; i < b->count(); ++i)
+  for (std::size_t i = 0; i < std::min(std::size_t(std::max<std::int64_t>(count, 0)), b->count()); ++i)
     if (!std::isfinite(b->get(i))) return false;
   return true;
 }
@@ -392,7 +394,8 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
   Buffer* bias = call.array("bias", T, v, false, false, special);
   Buffer* targets = call.array("targets", Kind::i64, n, false, true);
   fill_targets(in, call, targets, o, v);
-  if (o.detect_non_finite && (!all_finite(E) || !all_finite(C) || !all_finite(bias))) call.invalid("non-finite input");
+  if (o.detect_non_finite && (!all_finite(E, nd) || !all_finite(C, vd) || !all_finite(bias, v)))
+    call.invalid("non-finite input");
   const bool clean = !special;
   if (backward_alone) {
     call.array("lse", A, n, false, true, true);
@@ -403,7 +406,7 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
         if (order->get_int(j) < 0 || order->get_int(j) >= v) call.invalid("vocab_order out of range");
       }
     Buffer* dloss = call.array("dloss", A, loss_count, false, true, special);
-    if (o.detect_non_finite && !all_finite(dloss)) call.invalid("non-finite dloss");
+    if (o.detect_non_finite && !all_finite(dloss, loss_count)) call.invalid("non-finite dloss");
     call.array("dE", T, nd, true, false);
     call.array("dC", T, vd, true, false);
     call.array("dbias", T, v, true, false);
@@ -555,13 +558,13 @@ void fuzz_contrastive(Input& in, bool backward_alone) {
   Buffer* Tx = call.array("T", T, bc, false, true, special);
   Buffer* labels = call.array("labels", Kind::i64, b, false, false);
   fill_labels(in, call, labels, b);
-  if (o.detect_non_finite && (!all_finite(I) || !all_finite(Tx))) call.invalid("non-finite input");
+  if (o.detect_non_finite && (!all_finite(I, bc) || !all_finite(Tx, bc))) call.invalid("non-finite input");
   if (backward_alone) {
     Buffer* row_lse = call.array("row_lse", A, b, false, false, true);
     Buffer* col_lse = call.array("col_lse", A, b, false, false, true);
     if (b > 0 && ((o.direction != 2 && !row_lse) || (o.direction != 1 && !col_lse))) call.invalid("lse missing");
     Buffer* dloss = call.array("dloss", A, 1, false, true, special);
-    if (o.detect_non_finite && !all_finite(dloss)) call.invalid("non-finite dloss");
+    if (o.detect_non_finite && !all_finite(dloss, 1)) call.invalid("non-finite dloss");
     call.array("dI", T, bc, true, false);
     call.array("dT", T, bc, true, false);
     call.array("dscale", A, 1, true, false);
@@ -713,7 +716,7 @@ void fuzz_distributed(Input& in, int which) {
     Buffer* bias = call.array("bias", T, v, false, false, special);
     Buffer* targets = call.array("targets", Kind::i64, n, false, true);
     fill_targets(in, call, targets, o, global_v);
-    if (o.detect_non_finite && (!all_finite(E) || !all_finite(C) || !all_finite(bias)))
+    if (o.detect_non_finite && (!all_finite(E, nd) || !all_finite(C, vd) || !all_finite(bias, v)))
       call.invalid("non-finite input");
     if (call.skip()) return;
     if (which == 0) {
@@ -727,7 +730,7 @@ void fuzz_distributed(Input& in, int which) {
     } else {
       call.array("lse", A, n, false, true, true);
       Buffer* dloss = call.array("dloss", A, loss_count, false, true, special);
-      if (o.detect_non_finite && !all_finite(dloss)) call.invalid("non-finite dloss");
+      if (o.detect_non_finite && !all_finite(dloss, loss_count)) call.invalid("non-finite dloss");
       call.array("dE", T, nd, true, false);
       call.array("dC", T, vd, true, false);
       call.array("dbias", T, v, true, false);
@@ -746,7 +749,7 @@ void fuzz_distributed(Input& in, int which) {
     Buffer* Tx = call.array("T", T, bc, false, true, special);
     Buffer* labels = call.array("labels", Kind::i64, b, false, false);
     fill_labels(in, call, labels, elements(b, world.size));  // global indices
-    if (o.detect_non_finite && (!all_finite(I) || !all_finite(Tx))) call.invalid("non-finite input");
+    if (o.detect_non_finite && (!all_finite(I, bc) || !all_finite(Tx, bc))) call.invalid("non-finite input");
     if (call.skip()) return;
     if (which == 2) {
       call.array("loss", A, 1, true, true);
@@ -761,7 +764,7 @@ void fuzz_distributed(Input& in, int which) {
       Buffer* col_lse = call.array("col_lse", A, b, false, false, true);
       if (b > 0 && ((o.direction != 2 && !row_lse) || (o.direction != 1 && !col_lse))) call.invalid("lse missing");
       Buffer* dloss = call.array("dloss", A, 1, false, true, special);
-      if (o.detect_non_finite && !all_finite(dloss)) call.invalid("non-finite dloss");
+      if (o.detect_non_finite && !all_finite(dloss, 1)) call.invalid("non-finite dloss");
       call.array("dI", T, bc, true, false);
       call.array("dT", T, bc, true, false);
       call.array("dscale", A, 1, true, false);
