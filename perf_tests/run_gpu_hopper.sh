@@ -6,17 +6,21 @@
 # so the device call must carry it) on the same device. Writes one log line per run to
 # $OUT/gpu_hopper.log (or ./gpu_hopper.log) and prints a short table last. About 4 minutes.
 #   perf_tests/run_gpu_hopper.sh [--quick] [--with-mma]   --quick: one case per loss, 3 iterations
+#   perf_tests/run_gpu_hopper.sh --step   only the training step in one call (cross_entropy_with_gradients,
+#                                         tlse --training-step) at budgets that hold the logits, and
+#                                         PyTorch's cross-entropy baselines: about 5 minutes
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$root/scripts/carry_dir.sh"
 export LD_LIBRARY_PATH=$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:-.}/gpu_hopper.log
-iterations=10 quick=0 paths=hopper
+iterations=10 quick=0 paths=hopper step=0
 for a in "$@"; do
   case $a in
     --quick) iterations=3 quick=1 ;;
     --with-mma) paths="hopper mma" ;;
-    *) echo "usage: $0 [--quick] [--with-mma]" >&2 && exit 2 ;;
+    --step) step=1 paths= ;;
+    *) echo "usage: $0 [--quick] [--with-mma] | --step" >&2 && exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$log"
@@ -37,6 +41,25 @@ for path in $paths; do
   run $path contrastive --batch 65536 --dim 512 --dtype bf16
   run $path contrastive --batch 65536 --dim 512 --dtype f32 --precision tf32
 done
+baselines() {  # baselines [ce|cl]
+  [ -f "$root/perf_tests/baselines.py" ] || return 0
+  echo "== PyTorch baselines (materialized logits)" | tee -a "$log"
+  timeout 300 python3 "$root/perf_tests/baselines.py" "$@" 2>&1 | tee -a "$log"
+}
+
+if [ $step = 1 ]; then
+  # The step in one call keeps the forward's logits (float) of a chunk of rows: every row at
+  # 4 GiB (8192 x 128256), chunks through the fp32 dC accumulator at 3.5 GiB.
+  for mib in 4096 3584; do
+    run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --training-step --memory-budget $mib
+  done
+  run hopper cross-entropy --tokens 4096 --dim 4096 --vocab 128256 --dtype bf16 --training-step --memory-budget 2560
+  run hopper cross-entropy --tokens 8192 --dim 2304 --vocab 256000 --dtype bf16 --training-step --memory-budget 9216
+  baselines ce
+  echo "== summary (ms)"
+  grep -E "^== |TiledLSE|torch_materialized" "$log" | cut -c1-200
+  exit 0
+fi
 # Time against the memory budget (the fused backward's panel width), cross-entropy bf16.
 for mib in 128 192 256 512 1024 2048; do
   run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --memory-budget $mib
@@ -44,10 +67,7 @@ done
 # The contrastive case under the issue's 128 MiB (the fused backward's fp32 accumulator alone takes
 # B x c x 4 bytes = 128 MiB, so the two-pass backward runs).
 run hopper contrastive --batch 65536 --dim 512 --dtype bf16 --memory-budget 128
-if [ -f "$root/perf_tests/baselines.py" ]; then
-  echo "== PyTorch baselines (materialized logits)" | tee -a "$log"
-  timeout 300 python3 "$root/perf_tests/baselines.py" 2>&1 | tee -a "$log"
-fi
+baselines
 echo "== cuBLAS bf16 GEMM rate (torch.matmul) at the forward shapes" | tee -a "$log"
 timeout 120 python3 "$root/perf_tests/gemm_rate.py" 2>&1 | tee -a "$log"
 echo "== summary (ms)"

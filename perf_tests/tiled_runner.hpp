@@ -82,8 +82,8 @@ class TiledCrossEntropy {
 
   TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets,
                     Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default,
-                    double filter_eps = filter_eps_auto, bool sort_vocabulary = false)
-      : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)) {
+                    double filter_eps = filter_eps_auto, bool sort_vocabulary = false, bool one_call_step = false)
+      : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)), one_call_step_(one_call_step) {
     opts_.precision = precision;
     opts_.memory_budget = memory_budget;
     opts_.filter_eps = filter_eps;
@@ -97,6 +97,15 @@ class TiledCrossEntropy {
   void backward(const Gradient& dE, const Gradient& dC) {
     cross_entropy_backward(exec_, E_, C_, Bias(), targets_, lse_, order_, dloss_, dE, dC, Kokkos::View<T*, Mem>(),
                            opts_);
+  }
+  /// The training step: cross_entropy_with_gradients in one call, or the forward and the backward.
+  void step(const Gradient& dE, const Gradient& dC) {
+    if (!one_call_step_) {
+      forward();
+      backward(dE, dC);
+      return;
+    }
+    cross_entropy_with_gradients(exec_, E_, C_, Bias(), targets_, dloss_, loss_, dE, dC, Kokkos::View<T*, Mem>(), opts_);
   }
   double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(0); }
   /// Workspace, the LSEs saved for the backward and the vocabulary order: O(N + V).
@@ -117,6 +126,7 @@ class TiledCrossEntropy {
   Kokkos::View<char*, Mem> workspace_;
   AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, lse_;
   VocabOrder order_;  // empty: natural order
+  bool one_call_step_;
 };
 
 }  // namespace tlse::perf

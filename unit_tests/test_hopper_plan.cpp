@@ -1,9 +1,10 @@
-// The fused Hopper backward's plan (backends/cuda/tlse/backends/cuda/hopper_backward_plan.hpp) is
+// The plans of the fused Hopper backward (hopper_backward_plan.hpp) and training step (hopper_step_plan.hpp) are
 // host arithmetic: checked here on every build, GPU or not. A plan must fit its budget, take the
 // widest panel that does, and size exactly what it carves.
 #include <gtest/gtest.h>
 
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
+#include <tlse/backends/cuda/hopper_step_plan.hpp>
 
 namespace {
 
@@ -66,6 +67,57 @@ TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {
   EXPECT_GT(p.k_splits_cols, 1);
   EXPECT_LE(p.k_splits_cols, FusedBackwardPlan::MAX_K_SPLITS);
   EXPECT_EQ(p.partial_floats(), std::int64_t(p.k_splits_cols) * 1024 * 512);
+}
+
+}  // namespace
+
+// The training step's plan (hopper_step_plan.hpp): one chunk of every row when it fits, else the
+// largest chunk of at least MIN_CHUNK rows that does, never past the budget.
+namespace {
+
+using tlse::impl::cuda::StepPlan;
+constexpr std::size_t GiB = std::size_t(1) << 30;
+
+TEST(HopperStepPlan, OneChunkWhenEveryRowFits) {
+  // 4096 x 128256 logits are 1.96 GiB: every row in one chunk, no accumulator.
+  const StepPlan p = StepPlan::make(4096, 128256, 4096, 3 * GiB, H200_SMS);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.chunk, 4096);
+  EXPECT_EQ(p.chunks(), 1);
+  EXPECT_LE(p.bytes, 3 * GiB);
+  EXPECT_EQ(p.ld_logits % 4, 0);
+  EXPECT_EQ(p.ldg(), 2 * p.ld_logits);
+}
+
+TEST(HopperStepPlan, ChunksOfRowsWithinTheBudget) {
+  struct Case {
+    std::int64_t rows, cols, depth;
+    std::size_t budget;
+  };
+  for (const Case c : {Case{8192, 128256, 4096, 3 * GiB}, Case{8192, 256000, 2304, 5 * GiB},
+                       Case{4500, 999, 72, 16 * MiB}, Case{100000, 32000, 1024, 2 * GiB}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " x " + std::to_string(c.depth) + ", " +
+                 std::to_string(c.budget / MiB) + " MiB");
+    const StepPlan p = StepPlan::make(c.rows, c.cols, c.depth, c.budget, H200_SMS);
+    ASSERT_TRUE(p.fits);
+    EXPECT_LE(p.bytes, c.budget);
+    EXPECT_GT(p.chunks(), 1);
+    EXPECT_EQ(p.chunk % StepPlan::TILE_M, 0);
+    EXPECT_GE(p.chunk, StepPlan::MIN_CHUNK);
+    const StepPlan larger = StepPlan::with_chunk(c.rows, c.cols, c.depth, p.chunk + StepPlan::TILE_M, H200_SMS);
+    EXPECT_GT(larger.bytes, c.budget);  // the largest chunk that fits
+    tlse::impl::WorkspaceCarver sizing;
+    p.carve(sizing);
+    EXPECT_EQ(sizing.bytes(), p.bytes);
+    const StepPlan again = StepPlan::make(c.rows, c.cols, c.depth, p.bytes, H200_SMS);
+    EXPECT_EQ(again.chunk, p.chunk);
+  }
+}
+
+TEST(HopperStepPlan, NoPlanBelowTheSmallestChunk) {
+  // The default 256 MiB holds 2048 x 128256 floats (1 GiB) no more than the fp32 dC (2 GiB).
+  EXPECT_FALSE(StepPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS).fits);
+  EXPECT_FALSE(StepPlan::make(0, 10, 8, GiB, H200_SMS).fits);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct Options {
   bool statistics_only = false;                       // --statistics-only (cross-entropy)
   bool filter_study = false;                          // --filter-study (cross-entropy)
   bool check_sampled = false;                         // --check-sampled (cross-entropy)
+  bool training_step = false;                         // --training-step (cross-entropy)
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -79,6 +80,9 @@ cross-entropy options:
                              threshold of --filter (default auto), and at it with the vocabulary
                              sorted; prints the backward times (fwd+bwd - forward) and the share
                              of skippable tiles of each (the statistics above)
+  --training-step            also time the step as one call, cross_entropy_with_gradients (its
+                             fwd+bwd column; forward alone as usual): on Hopper GPUs the forward's
+                             logits become the gradient when --memory-budget holds a chunk of them
   --check-sampled            compare dE on 256 sampled rows and dC on 256 sampled classes (the 128
                              likeliest by column logit sum and 128 spread over the ids) with float64
                              gradients from exact float64 LSEs of every row (KokkosBlas::gemm on the
@@ -251,6 +255,9 @@ inline Options parse_command_line(int argc, const char* const* argv) {
     } else if (!contrastive && flag == "--filter-study") {
       no_value();
       o.filter_study = true;
+    } else if (!contrastive && flag == "--training-step") {
+      no_value();
+      o.training_step = true;
     } else if (!contrastive && flag == "--check-sampled") {
       no_value();
       o.check_sampled = true;

@@ -21,12 +21,19 @@ struct TiledRun {
   std::string name;
   double filter_eps;
   bool sort_vocabulary;
+  bool training_step = false;  // fwd+bwd as one cross_entropy_with_gradients call
 };
 
-/// The runs: one as the options say, or with --filter-study the three of the study.
+/// The runs: one as the options say, or with --filter-study the three of the study; with
+/// --training-step, then the step in one call.
 inline std::vector<TiledRun> tiled_runs(const Options& o) {
-  if (!o.filter_study) return {{"TiledLSE", o.filter_eps, o.sort_vocabulary}};
-  return {{"no filter", 0.0, false}, {"filter", o.filter_eps, false}, {"filter+sorted", o.filter_eps, true}};
+  std::vector<TiledRun> runs;
+  if (!o.filter_study)
+    runs = {{"TiledLSE", o.filter_eps, o.sort_vocabulary}};
+  else
+    runs = {{"no filter", 0.0, false}, {"filter", o.filter_eps, false}, {"filter+sorted", o.filter_eps, true}};
+  if (o.training_step) runs.push_back({"TiledLSE step", o.filter_eps, false, true});
+  return runs;
 }
 
 /// The backward's time (fwd+bwd - forward) of each study run, its speedup over the unfiltered

@@ -23,7 +23,18 @@ namespace tlse::app {
 using Exec = Kokkos::DefaultExecutionSpace;
 using perf::DeviceMatrix;
 
-/// Times forward() and forward() + backward() of `loss` (TiledLSE or baseline, same interface)
+/// A training step of `loss`: its step() where it has one (one call), else forward() then backward().
+template <class Loss, class Grad>
+auto training_step(Loss& loss, Grad& dA, Grad& dB, int) -> decltype(loss.step(dA, dB)) {
+  return loss.step(dA, dB);
+}
+template <class Loss, class Grad>
+void training_step(Loss& loss, Grad& dA, Grad& dB, long) {
+  loss.forward();
+  loss.backward(dA, dB);
+}
+
+/// Times forward() and a training step (forward() + backward(), or step()) of `loss` (TiledLSE or baseline, same interface)
 /// and keeps its loss and the gradients of its last step.
 template <class T, class Loss>
 Outcome measure(const Options& o, const std::string& name, Loss& loss, std::int64_t rows_a, std::int64_t rows_b,
@@ -32,10 +43,7 @@ Outcome measure(const Options& o, const std::string& name, Loss& loss, std::int6
   DeviceMatrix<T> dA(name + " dA", rows_a, depth), dB(name + " dB", rows_b, depth);
   Outcome r(name);
   r.forward_ms = median_ms(exec, o.iterations, name + " forward", [&] { loss.forward(); });
-  r.step_ms = median_ms(exec, o.iterations, name + " forward+backward", [&] {
-    loss.forward();
-    loss.backward(dA, dB);
-  });
+  r.step_ms = median_ms(exec, o.iterations, name + " forward+backward", [&] { training_step(loss, dA, dB, 0); });
   r.loss = loss.loss();
   r.extra_bytes = loss.extra_bytes();
   r.grads = {perf::download(dA), perf::download(dB)};
@@ -109,7 +117,7 @@ int run_cross_entropy(const Options& o) {
   std::vector<Outcome> outcomes;
   for (const TiledRun& run : tiled_runs(o)) {
     perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget, run.filter_eps,
-                                           run.sort_vocabulary);
+                                           run.sort_vocabulary, run.training_step);
     outcomes.push_back(measure<T>(o, run.name, tiled, N, V, D));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) + " + saved LSEs" +
                                   (run.sort_vocabulary ? " + vocabulary order" : "") + "; plus team scratch " +

@@ -190,14 +190,18 @@ inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, cons
   x.loss.value[0] = loss, x.loss.tolerance[0] = loss_tol;
   const double gr = b ? wr * dloss / double(b) : 0, gc = b ? wc * dloss / double(b) : 0;
   Mat dI(b, c), dT(b, c), magI(b, c), magT(b, c);
-  double dscale = 0, dscale_mag = 0;
+  // dscale sums g * dot: besides the terms' own error, each dot carries up to (c + 2) u times
+  // sum_k |I_ik T_jk| (not |dot|, which cancellation can make far smaller).
+  double dscale = 0, dscale_mag = 0, dscale_dots = 0;
   for (std::int64_t i = 0; i < b; ++i)
     for (std::int64_t j = 0; j < b; ++j) {
+      double dot_mag = 0;
+      for (std::int64_t k = 0; k < c; ++k) dot_mag += std::fabs(I(i, k) * T(j, k));
       const double p = gr * std::exp(X(i, j) - x.row_lse.value[std::size_t(i)]);
       const double q = gc * std::exp(X(i, j) - x.col_lse.value[std::size_t(j)]);
       const double hit = (j == pos(i) ? gr : 0.0) + (i == pos(j) ? gc : 0.0);
       const double g = p + q - hit, gabs = std::fabs(p) + std::fabs(q) + std::fabs(hit);
-      dscale += g * D(i, j), dscale_mag += gabs * std::fabs(D(i, j));
+      dscale += g * D(i, j), dscale_mag += gabs * std::fabs(D(i, j)), dscale_dots += gabs * dot_mag;
       for (std::int64_t k = 0; k < c; ++k) {
         dI(i, k) += scale * g * T(j, k), magI(i, k) += std::fabs(scale) * gabs * std::fabs(T(j, k));
         dT(j, k) += scale * g * I(i, k), magT(j, k) += std::fabs(scale) * gabs * std::fabs(I(i, k));
@@ -213,7 +217,8 @@ inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, cons
     x.dI.value[k] = dI.v[k], x.dI.tolerance[k] = tol(dI.v[k], magI.v[k], r.u_out);
   for (std::size_t k = 0; k < dT.v.size(); ++k)
     x.dT.value[k] = dT.v[k], x.dT.tolerance[k] = tol(dT.v[k], magT.v[k], r.u_out);
-  x.dscale.value[0] = dscale, x.dscale.tolerance[0] = tol(dscale, dscale_mag, 0) * std::sqrt(terms);
+  x.dscale.value[0] = dscale,
+  x.dscale.tolerance[0] = tol(dscale, dscale_mag, 0) * std::sqrt(terms) + 2 * double(c + 2) * r.u * dscale_dots;
   return x;
 }
 

@@ -92,6 +92,64 @@ struct CrossEntropyCall {
     return count;
   }
 
+  /// The loss from the row LSEs in a.row_lse (by row id): loss_i = lse_i - x_i,target + z lse_i^2,
+  /// per row or reduced.
+  template <class Arrays, class LossV>
+  void write_loss(const Arrays& a, const TileProblem<T, Acc>& prob, const LossV& loss) const {
+    const int* active = a.active;
+    const int* row_target = a.row_target;
+    impl::pair_logits(
+        exec, prob, active_count, KOKKOS_LAMBDA(index_t k) { return index_t(active[k]); },
+        KOKKOS_LAMBDA(index_t k) { return index_t(row_target[active[k]]); }, a.target_logit);
+    const Acc z = Acc(o.z_loss);
+    Acc* row_loss = a.row_loss;
+    const Acc* row_lse = a.row_lse;
+    const Acc* target_logit = a.target_logit;
+    impl::fill(exec, row_loss, N, Acc(0));
+    Kokkos::parallel_for("tlse::cross_entropy_rows", Kokkos::RangePolicy<Exec>(exec, 0, active_count),
+                         KOKKOS_LAMBDA(index_t k) {
+                           const Acc l = row_lse[active[k]];
+                           row_loss[active[k]] = l - target_logit[k] + z * l * l;
+                         });
+    if (o.reduction == Reduction::none) {
+      Acc* out = loss.data();
+      Kokkos::parallel_for("tlse::cross_entropy_loss", Kokkos::RangePolicy<Exec>(exec, 0, N),
+                           KOKKOS_LAMBDA(index_t i) { out[i] = row_loss[i]; });
+    } else {
+      const Acc weight = o.reduction == Reduction::sum ? Acc(1)
+                         : active_count > 0            ? Acc(1) / Acc(active_count)
+                                                       : Acc(0);
+      impl::weighted_sum(exec, row_loss, N, weight, loss.data(), false, a.total);
+    }
+  }
+
+  /// coef[i] = dL/dloss_i for the scored rows: dloss (one per row, or the reduced loss's) times
+  /// the reduction's weight.
+  template <class DLossV>
+  void gradient_coefficients(const int* active, const DLossV& dloss, Acc* coef) const {
+    const Acc* up = dloss.data();
+    const bool per_row = o.reduction == Reduction::none;
+    const Acc weight =
+        o.reduction == Reduction::mean ? (active_count > 0 ? Acc(1) / Acc(active_count) : Acc(0)) : Acc(1);
+    Kokkos::parallel_for("tlse::cross_entropy_coefficients", Kokkos::RangePolicy<Exec>(exec, 0, active_count),
+                         KOKKOS_LAMBDA(index_t k) {
+                           const int i = active[k];
+                           coef[i] = (per_row ? up[i] : up[0]) * weight;
+                         });
+  }
+
+  /// Zeroes the gradient rows of the rows that are not scored (never visited), unless accumulating.
+  template <class DEV>
+  void zero_unscored_rows(const int* row_target, const DEV& dE) const {
+    if (o.accumulate || dE.extent(0) == 0) return;
+    T* out = dE.data();
+    const index_t D = index_t(dE.extent(1));
+    Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
+                         KOKKOS_LAMBDA(index_t idx) {
+                           if (row_target[idx / D] < 0) out[idx] = T(0.0f);
+                         });
+  }
+
   /// The scored rows of E (through `active` unless every row is scored) against C, visited in
   /// `vocab_order` when given.
   BackwardShape backward_shape() const { return {N, V, index_t(E.extent(1)), o.precision, o.memory_budget}; }
@@ -170,6 +228,26 @@ struct CrossEntropyBackwardArrays {
   }
 };
 
+/// The workspace arrays of cross_entropy_with_gradients when a backend takes the step whole: the
+/// forward's (for the loss), the gradient coefficients and the backend's scratch.
+template <class Acc>
+struct CrossEntropyStepArrays {
+  CrossEntropyForwardArrays<Acc> forward;
+  Acc* coef;
+  char* scratch;
+  std::size_t scratch_bytes;
+  template <class Exec>
+  static CrossEntropyStepArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V,
+                                      std::size_t scratch_bytes) {
+    CrossEntropyStepArrays a;
+    a.forward = CrossEntropyForwardArrays<Acc>::carve(c, exec, N, V, false);
+    a.coef = c.take<Acc>(N);
+    a.scratch = c.take<char>(index_t(scratch_bytes));
+    a.scratch_bytes = scratch_bytes;
+    return a;
+  }
+};
+
 /// Fills `order` with the vocabulary sorted by decreasing logit sum (ties by index), so that
 /// the backward meets the likely classes together and skips whole tiles of unlikely ones.
 template <class Exec, class Acc, class OrderV>
@@ -188,7 +266,8 @@ void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const Or
 
 }  // namespace impl
 
-/// Workspace bytes cross_entropy and cross_entropy_backward need (the larger of the two).
+/// Workspace bytes cross_entropy, cross_entropy_backward and cross_entropy_with_gradients need
+/// (the largest of the three).
 /// \param exec execution space instance the calls will run on (the size depends on its concurrency)
 /// \param E (N x D) embeddings
 /// \param C (V x D) classifier
@@ -204,7 +283,10 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
   impl::CrossEntropyForwardArrays<Acc>::carve(forward, exec, N, V, true);
   const impl::BackwardShape shape{N, V, D, opts.precision, opts.memory_budget};
   impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, shape));
-  return std::max(forward.bytes(), backward.bytes());
+  const std::size_t step_scratch = impl::step_scratch_bytes<T>(exec, shape);
+  impl::WorkspaceCarver step;
+  if (step_scratch > 0) impl::CrossEntropyStepArrays<Acc>::carve(step, exec, N, V, step_scratch);
+  return std::max({forward.bytes(), backward.bytes(), step.bytes()});
 }
 
 /// Forward. E: (N x D) embeddings, C: (V x D) classifier, row-major, same scalar type T;
@@ -253,31 +335,9 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
         const auto prob = call.problem(a.active, a.position, nullptr);
         const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, V);
         impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr, want_order ? a.logit_sum : nullptr);
-        const int* active = a.active;
+        call.write_loss(a, prob, loss);
         const int* row_target = a.row_target;
-        impl::pair_logits(
-            exec, prob, call.active_count, KOKKOS_LAMBDA(impl::index_t k) { return impl::index_t(active[k]); },
-            KOKKOS_LAMBDA(impl::index_t k) { return impl::index_t(row_target[active[k]]); }, a.target_logit);
-        const Acc z = Acc(opts.z_loss);
-        Acc* row_loss = a.row_loss;
         const Acc* row_lse = a.row_lse;
-        const Acc* target_logit = a.target_logit;
-        impl::fill(exec, row_loss, N, Acc(0));
-        Kokkos::parallel_for("tlse::cross_entropy_rows", Kokkos::RangePolicy<Exec>(exec, 0, call.active_count),
-                             KOKKOS_LAMBDA(impl::index_t k) {
-                               const Acc l = row_lse[active[k]];
-                               row_loss[active[k]] = l - target_logit[k] + z * l * l;
-                             });
-        if (opts.reduction == Reduction::none) {
-          Acc* out = loss.data();
-          Kokkos::parallel_for("tlse::cross_entropy_loss", Kokkos::RangePolicy<Exec>(exec, 0, N),
-                               KOKKOS_LAMBDA(impl::index_t i) { out[i] = row_loss[i]; });
-        } else {
-          const Acc weight = opts.reduction == Reduction::sum ? Acc(1)
-                             : call.active_count > 0       ? Acc(1) / Acc(call.active_count)
-                                                           : Acc(0);
-          impl::weighted_sum(exec, row_loss, N, weight, loss.data(), false, a.total);
-        }
         if (want_lse) {
           Acc* out = lse.data();
           Kokkos::parallel_for("tlse::cross_entropy_lse", Kokkos::RangePolicy<Exec>(exec, 0, N),
@@ -369,26 +429,14 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
         const int* row_target = a.row_target;
         Acc *g = a.g, *w = a.w;
         const Acc* saved_lse = lse.data();
-        const Acc* up = dloss.data();
-        const bool per_row = opts.reduction == Reduction::none;
-        const Acc weight = opts.reduction == Reduction::mean
-                               ? (call.active_count > 0 ? Acc(1) / Acc(call.active_count) : Acc(0))
-                               : Acc(1);
+        call.gradient_coefficients(active, dloss, w);
         const Acc z = Acc(opts.z_loss);
-        Kokkos::parallel_for("tlse::cross_entropy_coefficients",
+        Kokkos::parallel_for("tlse::cross_entropy_softmax_weights",
                              Kokkos::RangePolicy<Exec>(exec, 0, call.active_count), KOKKOS_LAMBDA(impl::index_t k) {
                                const int i = active[k];
-                               const Acc coef = (per_row ? up[i] : up[0]) * weight;
-                               g[i] = coef * (Acc(1) + Acc(2) * z * saved_lse[i]);
-                               w[i] = coef;
+                               g[i] = w[i] * (Acc(1) + Acc(2) * z * saved_lse[i]);
                              });
-        if (want_dE && !opts.accumulate) {  // ignored rows are never visited: their gradient is zero
-          T* out = dE.data();
-          Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
-                               KOKKOS_LAMBDA(impl::index_t idx) {
-                                 if (row_target[idx / D] < 0) out[idx] = T(0.0f);
-                               });
-        }
+        if (want_dE) call.zero_unscored_rows(row_target, dE);
         impl::BackwardRequest<T, Acc> r;
         r.prob = call.problem(active, a.position, order);
         r.row_terms = {saved_lse, g, row_target, w};
@@ -402,6 +450,92 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
         impl::lse_backward(exec, r);
       });
   Kokkos::Profiling::popRegion();
+}
+
+/// Loss and gradients in one call: a training step. The same results as cross_entropy followed
+/// by cross_entropy_backward with `dloss` (up to rounding), and the same checks; one call lets a
+/// backend share work between the two halves. On Hopper GPUs (bf16, no dbias wanted) when
+/// opts.memory_budget holds the logits of a chunk of rows (at least 2048 rows, or every row; see
+/// docs/performance.md), the forward's logits are kept and become the gradient: 3 products
+/// instead of the 4 of the two calls. That path computes every softmax entry (no gradient
+/// filtering, as with filter_eps = 0); otherwise the two calls run as documented, in the natural
+/// vocabulary order.
+/// \param exec execution space instance
+/// \param E, C, bias, targets as for cross_entropy
+/// \param dloss gradient with respect to the loss, shaped like the loss (1 for the mean loss of a
+///        training step)
+/// \param loss output view of accumulator_t<T>: (N) with Reduction::none, (1) otherwise
+/// \param dE (N x D), dC (V x D), dbias (V): output views of T, each may be empty (not computed)
+/// \param opts see CrossEntropyOptions; `accumulate` adds into dE, dC and dbias
+/// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
+///         layout, target, option or workspace size (and on NaN/Inf with NonFinite::detect),
+///         before any output is written.
+template <class Exec, class EV, class CV, class BiasV, class TargetV, class DLossV, class LossV, class DEV, class DCV,
+          class DBiasV>
+void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
+                                  const DLossV& dloss, const LossV& loss, const DEV& dE, const DCV& dC,
+                                  const DBiasV& dbias, const CrossEntropyOptions& opts = {}) {
+  const impl::ArgumentChecker check("tlse::cross_entropy_with_gradients");
+  auto call = impl::cross_entropy_call(exec, check, E, C, bias, targets, opts);
+  using T = typename decltype(call)::T;
+  using Acc = typename decltype(call)::Acc;
+  using Mem = typename EV::memory_space;
+  impl::static_check_acc_vector<Exec, T, LossV>();
+  impl::static_check_acc_vector<Exec, T, DLossV>();
+  impl::static_check_view<Exec, DEV, 2>();
+  impl::static_check_view<Exec, DCV, 2>();
+  impl::static_check_view<Exec, DBiasV, 1>();
+  static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
+                    std::is_same<typename DBiasV::value_type, T>::value,
+                "tlse::cross_entropy_with_gradients: dE, dC and dbias are non-const views of the input scalar type");
+  call.validate();
+  const impl::index_t N = call.N, V = call.V, D = impl::index_t(E.extent(1));
+  const bool none = opts.reduction == Reduction::none;
+  const char* loss_shape = none ? "Reduction::none (one loss per row of E)" : "a reduced loss";
+  check.vector("loss", loss);
+  check.extent("loss", loss.extent(0), none ? N : 1, loss_shape);
+  check.vector("dloss", dloss);
+  check.extent("dloss", dloss.extent(0), none ? N : 1, loss_shape);
+  const bool want_dE = check.optional_matrix("dE", dE, N, D, "E");
+  const bool want_dC = check.optional_matrix("dC", dC, V, D, "C");
+  const bool want_dbias = check.optional("dbias", dbias, V, "C's row count (the vocabulary)");
+  impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
+
+  const std::size_t step_scratch = impl::step_scratch_bytes<T>(exec, call.backward_shape());
+  bool done = false;
+  if (step_scratch > 0 && !want_dbias && call.active_count > 0) {
+    Kokkos::Profiling::pushRegion("tlse::cross_entropy_with_gradients");
+    using Arrays = impl::CrossEntropyStepArrays<Acc>;
+    impl::with_workspace(
+        check.function(), exec, opts.workspace,
+        [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, exec, N, V, step_scratch); },
+        [&](const Arrays& a) {
+          const impl::CrossEntropyForwardArrays<Acc>& f = a.forward;
+          call.prepare_rows(f.row_target, f.active, f.position);
+          call.gradient_coefficients(f.active, dloss, a.coef);
+          if (want_dE) call.zero_unscored_rows(f.row_target, dE);
+          impl::StepRequest<T, Acc> r;
+          r.prob = call.problem(f.active, f.position, nullptr);
+          r.target = f.row_target;
+          r.coef = a.coef;
+          r.z_loss = Acc(opts.z_loss);
+          r.lse = f.row_lse;
+          r.grad_rows = want_dE ? dE.data() : nullptr;
+          r.grad_cols = want_dC ? dC.data() : nullptr;
+          r.accumulate = opts.accumulate;
+          r.scratch = a.scratch;
+          r.scratch_bytes = a.scratch_bytes;
+          done = impl::LseStepSpecialization<Exec>::run(exec, r);
+          if (done) call.write_loss(f, r.prob, loss);
+        });
+    Kokkos::Profiling::popRegion();
+  }
+  if (done) return;
+  // The two calls; their checks pass (the same as above). The forward's saved LSEs live here.
+  Kokkos::View<Acc*, Mem> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "tlse::cross_entropy_with_gradients::lse"),
+                              N);
+  cross_entropy(exec, E, C, bias, targets, loss, lse, Kokkos::View<int*, Mem>(), opts);
+  cross_entropy_backward(exec, E, C, bias, targets, lse, Kokkos::View<const int*, Mem>(), dloss, dE, dC, dbias, opts);
 }
 
 }  // namespace tlse

@@ -71,7 +71,10 @@ typedef struct {
 
 /* The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
  * row_max/row_sum[split y][rows positions] for the column splits (rows without a position unwritten), col_max/col_sum/col_logit_sum
- * [row group x][cols.count] for the row groups (each group owns its column slots). */
+ * [row group x][cols.count] for the row groups (each group owns its column slots).
+ * logits (optional): every logit x, as float, at logits[row position * ld_logits + col] (col <
+ * cols.count; -inf where masked): the training step keeps them for its gradient instead of
+ * recomputing the tiles (ld_logits even, logits 8-byte aligned). */
 typedef struct {
   int32_t dtype;
   tlse_hop_side rows, cols;
@@ -80,6 +83,8 @@ typedef struct {
   float *row_max, *row_sum;
   float *col_max, *col_sum; /* NULL: no column LSE */
   float* col_logit_sum;     /* NULL: no column logit sums */
+  float* logits;            /* NULL: logits not kept */
+  int64_t ld_logits;
   int64_t max_col_splits, max_row_groups;
   int64_t col_splits, row_groups; /* out: what the call used */
 } tlse_hop_forward_args;

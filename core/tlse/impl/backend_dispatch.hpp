@@ -5,6 +5,7 @@
 // <tlse/registered_backends.hpp> (backends/CMakeLists.txt), included at the end of this file.
 // Without that header (headers used outside CMake) every call runs the generic kernels.
 #include <tlse/impl/backward_request.hpp>
+#include <tlse/impl/step_request.hpp>
 #include <tlse/impl/tile_problem.hpp>
 #include <tlse/options.hpp>
 
@@ -86,6 +87,28 @@ struct LseBackwardFusedSpecialization {
     return false;
   }
 };
+
+/// A whole training step (a StepRequest: the row LSEs and the gradients) in one go, before the
+/// forward and the backward are run one after the other. `scratch_bytes` is its scratch for the
+/// shape, 0 when it does not take such calls; `run` returns false to leave the step to them.
+template <class Exec>
+struct LseStepSpecialization {
+  template <class T>
+  static std::size_t scratch_bytes(const Exec&, const BackwardShape&) {
+    return 0;
+  }
+  template <class T, class Acc>
+  static bool run(const Exec&, const StepRequest<T, Acc>&) {
+    return false;
+  }
+};
+
+/// Scratch of a training step's specialization (0: the step runs as a forward and a backward).
+template <class T, class Exec>
+std::size_t step_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
+  if (!specializations_enabled()) return 0;
+  return LseStepSpecialization<Exec>::template scratch_bytes<T>(exec, shape);
+}
 
 /// Scratch of the two backward passes (lse_backward_pass, run one after the other).
 template <class T, class Exec>

@@ -24,10 +24,10 @@ ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
   return s;
 }
 
-template <class Input, bool Columns>
+template <class Input, bool Columns, bool Logits = false>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = LseForwardEpilogue<Input, Columns>;
+  using Epilogue = LseForwardEpilogue<Input, Columns, Logits>;
   const ForwardShape s = plan_forward(a, sizeof(Input));
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -40,7 +40,8 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
       TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
   kp.epilogue = {device_side(a.rows), device_side(a.cols), device_logit_model<Input>(a.logit, a.cols),
                  a.row_max,           a.row_sum,           a.col_max,
-                 a.col_sum,           a.col_logit_sum};
+                 a.col_sum,           a.col_logit_sum,     a.logits,
+                 a.ld_logits};
   return launch("tlse_hop_lse_forward", kp, stream);
 }
 
@@ -57,6 +58,12 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
   if (!a->row_max || !a->row_sum) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_max/row_sum is NULL");
   if ((a->col_max == nullptr) != (a->col_sum == nullptr))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": col_max and col_sum go together");
+  if (a->logits && (a->dtype != TLSE_HOP_BF16 || a->col_max || a->col_logit_sum))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits are kept for bf16 inputs without column outputs only");
+  if (a->logits && (a->ld_logits < a->cols.count || a->ld_logits % 2 != 0 ||
+                    reinterpret_cast<std::uintptr_t>(a->logits) % 8 != 0))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits must be 8-byte aligned with an even ld_logits >= cols.count, got " +
+                                         std::to_string(a->ld_logits));
   if (a->max_col_splits < 1 || a->max_row_groups < 1)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits and max_row_groups must be >= 1");
   return TLSE_HOP_OK;
@@ -81,6 +88,8 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     if (int e = check_forward(call, a, sizeof(Input))) return e;
     const bool columns = a->col_max || a->col_logit_sum;
     const auto s = static_cast<cudaStream_t>(stream);
+    if constexpr (std::is_same<Input, cutlass::bfloat16_t>::value)
+      if (a->logits) return run_forward<Input, false, true>(*a, s);
     return columns ? run_forward<Input, true>(*a, s) : run_forward<Input, false>(*a, s);
   });
 }

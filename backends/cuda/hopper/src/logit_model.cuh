@@ -67,7 +67,8 @@ struct DeviceLogitModel {
     if (col_id >= valid_cols || (exclude_diagonal && row_id + diagonal_offset == col_id)) return NEG_INF;
     float z = scale * dot;
     if (col_bias) z += float(col_bias[col_id]);
-    return softcap > 0.f ? softcap * tanhf(z / softcap) : z;
+    // A -inf logit stays masked under the softcap, as in LogitModel (tile_problem.hpp).
+    return softcap > 0.f && z != NEG_INF ? softcap * tanhf(z / softcap) : z;
   }
   /// dx/dz of the softcap in terms of x itself (1 - tanh^2).
   __device__ __forceinline__ float dx_dz(float x) const {

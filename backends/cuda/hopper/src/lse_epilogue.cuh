@@ -5,7 +5,9 @@
 // [column split][row]). Columns (Columns = true): per tile, the column max, sum of exponentials
 // and logit sum over the tile's 128 rows (lanes, then the 8 warps in order through shared memory)
 // are merged into the column slot of the unit's row group, which no other unit touches
-// (col_*[row group][col]); the group's first row tile writes it. No atomics.
+// (col_*[row group][col]); the group's first row tile writes it. No atomics. On request the
+// logits themselves are stored too (float, by row position), for a training step that turns them
+// into the gradient without recomputing the tiles.
 #include "fragment_reductions.cuh"
 
 namespace tlse::hopper {
@@ -16,9 +18,11 @@ struct LseForwardParams {
   DeviceLogitModel<T> logit;
   float *row_max, *row_sum;
   float *col_max, *col_sum, *col_logit_sum;
+  float* logits;  // nullptr: not kept
+  int64_t ld_logits;
 };
 
-template <class T, bool Columns>
+template <class T, bool Columns, bool Logits = false>
 struct LseForwardEpilogue {
   using Params = LseForwardParams<T>;
   struct SharedStorage {
@@ -73,11 +77,28 @@ struct LseForwardEpilogue {
           mx = nan_max(mx, x);
         }
       }
+      if constexpr (Logits) store_logits(acc, c, r, row, col0);
       if (mx == NEG_INF) continue;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < Fragment::COLS; ++j) sum += exp_shifted(Fragment::at(acc, r, j), mx);
       lse_merge(run_max[r], run_sum[r], mx, sum);
+    }
+  }
+
+  /// Row r of the thread's fragment (logits now) to p.logits, two adjacent columns per store.
+  template <class Acc>
+  __device__ __forceinline__ void store_logits(const Acc& acc, const Fragment& c, int r, int64_t row, int64_t col0) {
+    const int64_t pos = p.rows.output(row);
+    if (pos < 0) return;
+    float* out = p.logits + pos * p.ld_logits + col0;
+#pragma unroll
+    for (int j = 0; j < Fragment::COLS; j += 2) {
+      const int jc = c.col(j);  // even; jc + 1 is column j + 1
+      if (col0 + jc + 1 < p.cols.count)
+        *reinterpret_cast<float2*>(out + jc) = make_float2(Fragment::at(acc, r, j), Fragment::at(acc, r, j + 1));
+      else if (col0 + jc < p.cols.count)
+        out[jc] = Fragment::at(acc, r, j);
     }
   }
 

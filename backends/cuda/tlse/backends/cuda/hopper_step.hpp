@@ -1,0 +1,170 @@
+#pragma once
+// The training step on the Hopper kernels (plan: hopper_step_plan.hpp): cross-entropy's row LSEs
+// and gradients in 3 products instead of the 4 of a forward and the fused backward. Per chunk of
+// rows, in order:
+//   1. tlse_hop_lse_forward sweeps the chunk against every column, gives the row LSE states and
+//      keeps the logits (float, by row);
+//   2. logits_to_gradient_kernel merges each row's states into its LSE and turns the row's logits
+//      into G = scale * dL/dx (bf16) in place;
+//   3. dA_chunk = G B (tlse_hop_product): complete, written to the chunk's gradient rows;
+//   4. dB (+)= G^T A_chunk: written, or summed over the chunks in an fp32 accumulator.
+// Fixed order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every
+// entry of G is computed anyway) and the columns in their stored order.
+#if defined(TLSE_HAVE_HOPPER)
+#include <tlse/backends/cuda/hopper_backward.hpp>
+#include <tlse/backends/cuda/hopper_step_plan.hpp>
+#include <tlse/impl/step_request.hpp>
+
+namespace tlse::impl::cuda {
+
+/// A block per row p of the chunk (row id `id[first + p]`, or first + p): its LSE from the
+/// forward's `splits` states (max[s][p], sum[s][p]) to lse[id], then its logits in place into
+/// G = scale * (g exp(x - lse) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef, in T.
+/// G row p overwrites the first half of logit row p: each pass of the loop reads its float4s
+/// before any thread writes the pass's T pairs, which land on floats read by this or an earlier
+/// pass (bf16 element j sits in float j / 2 <= j).
+template <class T>
+__global__ void logits_to_gradient_kernel(float* logits, index_t ld, const float* max, const float* sum, int splits,
+                                          index_t chunk_rows, index_t first, const int* id_of, index_t cols,
+                                          const int* target, const float* coef, float z_loss, float scale,
+                                          float softcap, float* lse) {
+  static_assert(sizeof(T) == 2, "G is stored in a 16-bit type");
+  const index_t p = blockIdx.x;
+  const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
+  __shared__ float row_lse;
+  if (threadIdx.x == 0) {
+    LseState<float> s;
+    for (int k = 0; k < splits; ++k) s.merge(max[k * chunk_rows + p], sum[k * chunk_rows + p]);
+    row_lse = s.value();
+    lse[id] = row_lse;
+  }
+  __syncthreads();
+  const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
+  const index_t t = index_t(target[id]);
+  float* row = logits + p * ld;
+  struct alignas(8) Quad {
+    T v[4];
+  };
+  for (index_t j0 = 0; j0 < cols; j0 += 4 * index_t(blockDim.x)) {
+    const index_t j = j0 + 4 * index_t(threadIdx.x);
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (j < cols) x = *reinterpret_cast<const float4*>(row + j);  // ld is a multiple of 4
+    __syncthreads();
+    if (j >= cols) continue;
+    const float xs[4] = {x.x, x.y, x.z, x.w};
+    Quad q;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v = xs[e];
+      float dz = 0.f;
+      if (v != -infinity<float>()) {
+        dz = g * expf(v - l) - (j + e == t ? w : 0.f);
+        if (softcap > 0.f) dz *= 1.f - (v / softcap) * (v / softcap);
+      }
+      q.v[e] = from_acc<T>(dz * scale);
+    }
+    *reinterpret_cast<Quad*>(reinterpret_cast<T*>(row) + j) = q;
+  }
+}
+
+struct LseStepHopper {
+  /// The plan for a shape, when the step takes it (bf16; depth a multiple of 8).
+  template <class T>
+  static bool plan(int device, const BackwardShape& s, StepPlan& out) {
+    if (!std::is_same<T, bfloat16>::value || s.depth % 8 != 0) return false;
+    out = StepPlan::make(s.rows, s.cols, s.depth, s.memory_budget, multiprocessors(device));
+    return out.fits;
+  }
+
+  /// Runs the step on `stream`; false when it does not qualify (the forward and backward then run).
+  static bool run(cudaStream_t stream, int device, const StepRequest<bfloat16, float>& r) {
+    using T = bfloat16;
+    const TileProblem<T, float>& prob = r.prob;
+    const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
+    if (r.scratch == nullptr || R <= 0 || prob.cols.index != nullptr ||
+        D % 8 != 0 || reinterpret_cast<std::uintptr_t>(prob.rows.data) % 16 != 0 ||
+        reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
+      return false;
+    const StepPlan plan = StepPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
+    if (!plan.fits) return false;
+    WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
+    const StepPlan::Buffers buf = plan.carve(carver);
+    const bool several = plan.chunks() > 1;
+    const int* row_index = prob.rows.index;
+
+    for (index_t first = 0; first < R; first += plan.chunk) {
+      const index_t rows = std::min(plan.chunk, R - first);
+      // The chunk's rows, contiguous: in place, or gathered through the index of scored rows.
+      const T* chunk = prob.rows.data + first * D;
+      if (row_index) {
+        gather_rows_kernel<T><<<grid_for(rows * D / 8), 256, 0, stream>>>(prob.rows.data, row_index + first, rows, D,
+                                                                          reinterpret_cast<T*>(buf.chunk_rows));
+        check_launch("gather_rows_kernel");
+        chunk = reinterpret_cast<const T*>(buf.chunk_rows);
+      }
+      tlse_hop_forward_args f{};
+      f.dtype = TLSE_HOP_BF16;
+      f.rows = tlse_hop_side{chunk, D, rows, nullptr, nullptr, 0};
+      f.cols = tlse_hop_side{prob.cols.data, D, V, nullptr, nullptr, 0};
+      f.depth = D;
+      f.logit = hopper_logit(prob.logit);
+      f.row_max = f.row_sum = buf.partials;
+      f.logits = buf.logits, f.ld_logits = plan.ld_logits;
+      f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
+      check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
+      f.row_sum = buf.partials + f.col_splits * rows;
+      check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (logits kept)");
+
+      logits_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
+          buf.logits, plan.ld_logits, f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index, V, r.target,
+          r.coef, r.z_loss, prob.logit.scale, prob.logit.softcap, r.lse);
+      check_launch("logits_to_gradient_kernel");
+
+      if (r.grad_rows) {  // dA_chunk = G B
+        tlse_hop_product_args p = product(plan, buf, plan.k_splits_rows);
+        p.b = prob.cols.data, p.ldb = D, p.b_transposed = 1;
+        p.M = rows, p.N = D, p.K = V;
+        p.out = row_index ? static_cast<void*>(r.grad_rows) : static_cast<void*>(r.grad_rows + first * D);
+        p.out_index = row_index ? row_index + first : nullptr;
+        p.accumulate = r.accumulate;
+        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
+      }
+      if (r.grad_cols) {  // dB (+)= G^T A_chunk
+        tlse_hop_product_args p = product(plan, buf, plan.k_splits_cols);
+        p.a_transposed = 1;
+        p.b = chunk, p.ldb = D, p.b_transposed = 1;
+        p.M = V, p.N = D, p.K = rows;
+        if (several) {
+          p.out_f32 = buf.acc;
+          p.accumulate = first > 0;
+        } else {
+          p.out = r.grad_cols;
+          p.accumulate = r.accumulate;
+        }
+        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
+      }
+    }
+    if (r.grad_cols && several) {
+      finish_rows_kernel<T><<<grid_for(V * D), 256, 0, stream>>>(buf.acc, V * D, r.grad_cols, r.accumulate);
+      check_launch("finish_rows_kernel");
+    }
+    return true;
+  }
+
+ private:
+  /// The arguments both products share: G (bf16 over the chunk's logit rows) as operand A, the
+  /// split partials.
+  static tlse_hop_product_args product(const StepPlan& plan, const StepPlan::Buffers& buf, int k_splits) {
+    tlse_hop_product_args p{};
+    p.dtype = TLSE_HOP_BF16;
+    p.a = buf.logits, p.lda = plan.ldg();
+    p.ldo = plan.depth;
+    p.workspace = buf.k_partials;
+    p.workspace_bytes = std::size_t(plan.k_partial_floats()) * sizeof(float);
+    p.max_k_splits = k_splits;
+    return p;
+  }
+};
+
+}  // namespace tlse::impl::cuda
+#endif
