@@ -147,6 +147,19 @@ struct ContrastiveExpected {
   Expected loss, row_lse, col_lse, dI, dT, dscale;
 };
 
+/// Neumaier's compensated sum: the reference's own rounding stays near one ulp of the result, so
+/// that a bound on the library's error is not spent on the reference's (a sum of b^2 near-equal
+/// terms rounds the same way at every step: its error grows with the count, not its root).
+struct CompensatedSum {
+  double sum = 0, carry = 0;
+  void add(double x) {
+    const double t = sum + x;
+    carry += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
+    sum = t;
+  }
+  double value() const { return sum + carry; }
+};
+
 /// CLIP loss (tlse.h): x_ij = scale I_i . T_j, positives pos(i) = labels[i] (or i), direction
 /// 0 symmetric, 1 image-to-text, 2 text-to-image; `init_*` as for the cross-entropy.
 inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, const std::vector<std::int64_t>& labels,
@@ -192,7 +205,8 @@ inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, cons
   Mat dI(b, c), dT(b, c), magI(b, c), magT(b, c);
   // dscale sums g * dot: besides the terms' own error, each dot carries up to (c + 2) u times
   // sum_k |I_ik T_jk| (not |dot|, which cancellation can make far smaller).
-  double dscale = 0, dscale_mag = 0, dscale_dots = 0;
+  CompensatedSum dscale_sum;
+  double dscale_mag = 0, dscale_dots = 0;
   for (std::int64_t i = 0; i < b; ++i)
     for (std::int64_t j = 0; j < b; ++j) {
       double dot_mag = 0;
@@ -201,14 +215,14 @@ inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, cons
       const double q = gc * std::exp(X(i, j) - x.col_lse.value[std::size_t(j)]);
       const double hit = (j == pos(i) ? gr : 0.0) + (i == pos(j) ? gc : 0.0);
       const double g = p + q - hit, gabs = std::fabs(p) + std::fabs(q) + std::fabs(hit);
-      dscale += g * D(i, j), dscale_mag += gabs * std::fabs(D(i, j)), dscale_dots += gabs * dot_mag;
+      dscale_sum.add(g * D(i, j)), dscale_mag += gabs * std::fabs(D(i, j)), dscale_dots += gabs * dot_mag;
       for (std::int64_t k = 0; k < c; ++k) {
         dI(i, k) += scale * g * T(j, k), magI(i, k) += std::fabs(scale) * gabs * std::fabs(T(j, k));
         dT(j, k) += scale * g * I(i, k), magT(j, k) += std::fabs(scale) * gabs * std::fabs(I(i, k));
       }
     }
   add_previous(dI, init_dI.v), add_previous(dT, init_dT.v);  // last, as the library does
-  dscale += init_dscale;
+  const double dscale = dscale_sum.value() + init_dscale;
   const double terms = double(b) + 1;
   const auto tol = [&](double ref, double mag, double u_out) {
     return (8 * delta + 16 * r.u * std::sqrt(terms) + 2 * u_out) * mag + 2 * (u_out + r.u) * std::fabs(ref) + r.floor;
