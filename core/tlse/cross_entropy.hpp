@@ -141,7 +141,7 @@ struct CrossEntropyCall {
   /// Zeroes the gradient rows of the rows that are not scored (never visited), unless accumulating.
   template <class DEV>
   void zero_unscored_rows(const int* row_target, const DEV& dE) const {
-    if (o.accumulate || dE.extent(0) == 0) return;
+    if (o.accumulate || dE.extent(0) == 0 || active_count == N) return;  // a pass over dE for nothing
     T* out = dE.data();
     const index_t D = index_t(dE.extent(1));
     Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
