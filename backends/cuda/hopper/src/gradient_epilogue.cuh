@@ -40,6 +40,7 @@ struct GradientEpilogue {
   int ct;
   int parity = 0;  // alternates the flag words between tiles
   float row_dot[ROWS];
+  TermsAt next_other;  // column ct's softmax terms for the tile whose products run
 
   __device__ GradientEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
       : p(params), s(storage), ct(consumer_thread) {}
@@ -51,18 +52,24 @@ struct GradientEpilogue {
     for (int r = 0; r < ROWS; ++r) row_dot[r] = 0.f;
   }
 
+  /// Before tile (m, n)'s products: the column side's terms of column ct (their loads' latency
+  /// hides behind the products).
+  __device__ void prefetch(const WorkUnit&, int, int n) {
+    next_other = TermsAt{};
+    const int64_t col = p.col_begin + int64_t(n) * TILE_N + ct;
+    if (p.col_terms.active() && col < p.col_end) next_other.load(p.col_terms, p.cols.id(col));
+  }
+
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit&, int m, int n) {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = p.col_begin + int64_t(n) * TILE_N;
     const bool other_on = p.col_terms.active();
     const float eps = p.tile_mask ? p.filter_eps : 0.f;
     consumer_sync();  // every thread is done with the previous tile's shared memory
-    if (other_on && ct < TILE_N) {
-      TermsAt t;
-      if (col0 + ct < p.col_end) t.load(p.col_terms, p.cols.id(col0 + ct));
-      s.other[ct] = t;
+    if (other_on) {
+      s.other[ct] = next_other;
+      consumer_sync();
     }
-    if (other_on) consumer_sync();
     const bool simple = p.logit.simple_columns(col0, TILE_N) && col0 + TILE_N <= p.col_end;
     const bool significant = simple ? dlogits<true>(acc, c, row0, col0, eps) : dlogits<false>(acc, c, row0, col0, eps);
     if (p.col_sums) column_sums(acc, c, m, col0);
@@ -113,15 +120,14 @@ struct GradientEpilogue {
 
   template <class Acc>
   __device__ void column_sums(const Acc& acc, const Fragment& c, int m, int64_t col0) {
-    const int warp = ct >> 5, lane = ct & 31;
+    const int warp = ct >> 5, lane = ct & 31, first = scatter_first_column(lane);
+    float part[8];
+    column_lanes_scatter([&](int j) { return Fragment::at(acc, 0, j) + Fragment::at(acc, 1, j); }, add, lane, part);
 #pragma unroll
-    for (int j = 0; j < Fragment::COLS; ++j) {
-      const float t = column_lanes_sum(Fragment::at(acc, 0, j) + Fragment::at(acc, 1, j));
-      if (lane < 4) s.col_sum[warp][c.col(j)] = t;
-    }
+    for (int k = 0; k < 8; ++k) s.col_sum[warp][c.col(first + k)] = part[k];
     consumer_sync();
     const int64_t col = col0 + ct;
-    if (ct < TILE_N && col < p.col_end) {
+    if (col < p.col_end) {
       float t = 0.f;
 #pragma unroll
       for (int q = 0; q < CONSUMER_THREADS / 32; ++q) t += s.col_sum[q][ct];

@@ -8,8 +8,9 @@
 //
 // An Epilogue provides: Params, SharedStorage, a constructor (params, storage, consumer thread
 // 0..255), static keep(params, m, k) (false: skip K step k of m tile m), begin_row(frag, unit,
-// m), tile(acc, frag, unit, m, n) on the accumulators (Fragment says where each sits in the
-// tile), and end_row(frag, unit, m). The consumers synchronize among themselves with
+// m), prefetch(unit, m, n) before a tile's products (global loads the epilogue will need, their
+// latency hidden by the products), tile(acc, frag, unit, m, n) on the accumulators (Fragment says
+// where each sits in the tile), and end_row(frag, unit, m). The consumers synchronize among themselves with
 // consumer_sync() (named barrier 1); the producer never waits on them except through the pipeline.
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int m = w.m_begin; m < w.m_end; ++m) {
         epi.begin_row(frag, w, m);
         for (int n = w.n_begin; n < w.n_end; ++n) {
+          epi.prefetch(w, m, n);
           Loop::mma_tile(tiled_mma, tCrA, tCrB, acc, pipeline, read, m, w.k_begin, w.k_end, keep);
           epi.tile(acc, frag, w, m, n);
         }

@@ -42,8 +42,12 @@ __device__ __forceinline__ float ex2(float x) {
 /// exp(x - shift), x - shift formed first so that large logits keep their precision.
 __device__ __forceinline__ float exp_shifted(float x, float shift) { return ex2((x - shift) * LOG2E); }
 
-/// max that lets a NaN win (NaN inputs propagate to the LSE instead of vanishing).
-__device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
+/// max that lets a NaN win (NaN inputs propagate to the LSE instead of vanishing): one instruction.
+__device__ __forceinline__ float nan_max(float a, float b) {
+  float m;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
 
 template <class T>
 struct DeviceLogitModel {

@@ -2,10 +2,11 @@
 // Epilogue of the forward: each finished tile becomes logits (the logit model) and is folded into
 // online LSE states. Rows: each thread keeps the state of its 2 rows over its 64 columns of every
 // tile of the unit, and the quad merges them once, when the row tile is done (row_max/row_sum
-// [column split][row]). Columns (Columns = true): per tile, the column max, sum of exponentials
-// and logit sum over the tile's 128 rows (lanes, then the 8 warps in order through shared memory)
-// are merged into the column slot of the unit's row group, which no other unit touches
-// (col_*[row group][col]); the group's first row tile writes it. No atomics. On request the
+// [column split][row]). Columns (Columns = true): per tile, the column max over the tile's 128
+// rows (lanes by a reduce-scatter, then the 8 warps through shared memory), the sum of
+// exponentials under it and the logit sum are merged into the column slot of the unit's row group,
+// which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
+// the slot a tile merges into is read before the tile's products run. No atomics. On request the
 // logits themselves are stored too (float, by row position), for a training step that turns them
 // into the gradient without recomputing the tiles.
 #include "fragment_reductions.cuh"
@@ -27,6 +28,7 @@ struct LseForwardEpilogue {
   using Params = LseForwardParams<T>;
   struct SharedStorage {
     float max[Columns ? 8 : 1][TILE_N], sum[Columns ? 8 : 1][TILE_N], total[Columns ? 8 : 1][TILE_N];
+    float tile_max[Columns ? TILE_N : 1];
   };
   static constexpr int ROWS = Fragment::ROWS;
 
@@ -34,11 +36,25 @@ struct LseForwardEpilogue {
   SharedStorage& s;
   int ct;
   float run_max[ROWS], run_sum[ROWS];
+  float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
 
   __device__ LseForwardEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
       : p(params), s(storage), ct(consumer_thread) {}
 
   __device__ static bool keep(const Params&, int, int) { return true; }
+
+  /// Before tile (m, n)'s products: column ct's slot as the unit's earlier row tiles left it (the
+  /// load's latency hides behind the products).
+  __device__ void prefetch(const WorkUnit& w, int m, int n) {
+    if constexpr (Columns) {
+      const int64_t col = int64_t(n) * TILE_N + ct;
+      slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;
+      if (m == w.m_begin || col >= p.cols.count) return;
+      const int64_t slot = int64_t(w.m_unit) * p.cols.count + col;
+      if (p.col_max) slot_max = p.col_max[slot], slot_sum = p.col_sum[slot];
+      if (p.col_logit_sum) slot_total = p.col_logit_sum[slot];
+    }
+  }
 
   __device__ void begin_row(const Fragment&, const WorkUnit&, int) {
 #pragma unroll
@@ -102,42 +118,59 @@ struct LseForwardEpilogue {
     }
   }
 
-  /// acc holds logits now.
+  /// acc holds logits now. Shared memory: s.max is read before the second barrier, s.tile_max,
+  /// s.sum and s.total after it, by thread ct for column ct only after the third; the next tile
+  /// writes s.max only after its products, s.sum and s.total after its second barrier.
   template <class Acc>
   __device__ void columns(const Acc& acc, const Fragment& c, const WorkUnit& w, int m, int64_t col0) {
-    const int warp = ct >> 5, lane = ct & 31;
+    const int warp = ct >> 5, lane = ct & 31, first = scatter_first_column(lane);
     const bool want_lse = p.col_max != nullptr, want_total = p.col_logit_sum != nullptr;
-    consumer_sync();  // every thread is done reading the previous tile's partials
+    float part[8];
+    if (want_lse) {
+      column_lanes_scatter([&](int j) { return nan_max(Fragment::at(acc, 0, j), Fragment::at(acc, 1, j)); },
+                           nan_max, lane, part);
 #pragma unroll
-    for (int j = 0; j < Fragment::COLS; ++j) {
-      const float x0 = Fragment::at(acc, 0, j), x1 = Fragment::at(acc, 1, j);
-      if (want_lse) {
-        const float mx = column_lanes_max(nan_max(x0, x1));
-        const float e = mx == NEG_INF ? 0.f : exp_shifted(x0, mx) + exp_shifted(x1, mx);
-        const float sum = column_lanes_sum(e);
-        if (lane < 4) s.max[warp][c.col(j)] = mx, s.sum[warp][c.col(j)] = sum;
-      }
-      if (want_total) {
-        const float t = column_lanes_sum((x0 != NEG_INF ? x0 : 0.f) + (x1 != NEG_INF ? x1 : 0.f));
-        if (lane < 4) s.total[warp][c.col(j)] = t;
-      }
+      for (int k = 0; k < 8; ++k) s.max[warp][c.col(first + k)] = part[k];
+      consumer_sync();
+      float mx = s.max[0][ct];
+#pragma unroll
+      for (int q = 1; q < CONSUMER_THREADS / 32; ++q) mx = nan_max(mx, s.max[q][ct]);
+      s.tile_max[ct] = mx;
+      consumer_sync();
+      column_lanes_scatter(
+          [&](int j) {
+            const float mx = s.tile_max[c.col(j)];
+            return mx == NEG_INF ? 0.f
+                                 : exp_shifted(Fragment::at(acc, 0, j), mx) + exp_shifted(Fragment::at(acc, 1, j), mx);
+          },
+          add, lane, part);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s.sum[warp][c.col(first + k)] = part[k];
+    } else {
+      consumer_sync();  // no barrier above: every thread is done reading the previous tile's totals
+    }
+    if (want_total) {
+      const auto finite = [](float x) { return x != NEG_INF ? x : 0.f; };
+      column_lanes_scatter(
+          [&](int j) { return finite(Fragment::at(acc, 0, j)) + finite(Fragment::at(acc, 1, j)); }, add, lane, part);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s.total[warp][c.col(first + k)] = part[k];
     }
     consumer_sync();
     const int64_t col = col0 + ct;
-    if (ct >= TILE_N || col >= p.cols.count) return;
+    if (col >= p.cols.count) return;
     const int64_t slot = int64_t(w.m_unit) * p.cols.count + col;
-    const bool first = m == w.m_begin;
     if (want_lse) {
-      float mx = first ? NEG_INF : p.col_max[slot], sum = first ? 0.f : p.col_sum[slot];
+      float sum = 0.f;
 #pragma unroll
-      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) lse_merge(mx, sum, s.max[q][ct], s.sum[q][ct]);
-      p.col_max[slot] = mx, p.col_sum[slot] = sum;
+      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) sum += s.sum[q][ct];
+      lse_merge(slot_max, slot_sum, s.tile_max[ct], sum);
+      p.col_max[slot] = slot_max, p.col_sum[slot] = slot_sum;
     }
     if (want_total) {
-      float t = first ? 0.f : p.col_logit_sum[slot];
 #pragma unroll
-      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) t += s.total[q][ct];
-      p.col_logit_sum[slot] = t;
+      for (int q = 0; q < CONSUMER_THREADS / 32; ++q) slot_total += s.total[q][ct];
+      p.col_logit_sum[slot] = slot_total;
     }
   }
 

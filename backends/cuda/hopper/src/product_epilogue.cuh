@@ -24,27 +24,30 @@ struct ProductParams {
   float* partials;  // [k split][M][N], or nullptr when K is not split
 };
 
-/// Writes v0, v1 at columns n, n + 1 of output row m (n even, N even), per the product's output mode.
+/// The output row that product row m goes to (through the row index of a bf16 output).
 template <class T>
-__device__ __forceinline__ void write_pair(const ProductParams<T>& p, int64_t m, int64_t n, float v0, float v1) {
+__device__ __forceinline__ int64_t output_row(const ProductParams<T>& p, int64_t m) {
+  return p.out_f32 || !p.out_index ? m : int64_t(p.out_index[m]);
+}
+
+/// The pair at columns n, n + 1 (n even) of output row `row` as it stands, in fp32.
+template <class T>
+__device__ __forceinline__ float2 read_pair(const ProductParams<T>& p, int64_t row, int64_t n) {
+  if (p.out_f32) return *reinterpret_cast<const float2*>(p.out_f32 + row * p.ldo + n);
+  const cutlass::Array<T, 2> old = *reinterpret_cast<const cutlass::Array<T, 2>*>(p.out + row * p.ldo + n);
+  return make_float2(float(old[0]), float(old[1]));
+}
+
+/// Stores v0, v1 at columns n, n + 1 of output row `row`, in the output's type.
+template <class T>
+__device__ __forceinline__ void store_pair(const ProductParams<T>& p, int64_t row, int64_t n, float v0, float v1) {
   if (p.out_f32) {
-    float2* o = reinterpret_cast<float2*>(p.out_f32 + m * p.ldo + n);
-    if (p.accumulate) {
-      const float2 old = *o;
-      v0 += old.x, v1 += old.y;
-    }
-    *o = make_float2(v0, v1);
+    *reinterpret_cast<float2*>(p.out_f32 + row * p.ldo + n) = make_float2(v0, v1);
     return;
-  }
-  const int64_t row = p.out_index ? int64_t(p.out_index[m]) : m;
-  cutlass::Array<T, 2>* o = reinterpret_cast<cutlass::Array<T, 2>*>(p.out + row * p.ldo + n);
-  if (p.accumulate) {
-    const cutlass::Array<T, 2> old = *o;
-    v0 += float(old[0]), v1 += float(old[1]);
   }
   cutlass::Array<T, 2> pair;
   pair[0] = T(v0), pair[1] = T(v1);
-  *o = pair;
+  *reinterpret_cast<cutlass::Array<T, 2>*>(p.out + row * p.ldo + n) = pair;
 }
 
 template <class T>
@@ -64,7 +67,13 @@ struct ProductEpilogue {
   }
 
   __device__ void begin_row(const Fragment&, const WorkUnit&, int) {}
+  __device__ void prefetch(const WorkUnit&, int, int) {}
   __device__ void end_row(const Fragment&, const WorkUnit&, int) {}
+
+  /// Columns of a row whose old values are loaded together before any of them is stored: a store
+  /// may alias a later load as far as the compiler knows, so pair by pair every load would wait a
+  /// full memory latency (64 round trips per tile and thread, all with the tensor cores idle).
+  static constexpr int BATCH = 32;
 
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
@@ -73,15 +82,27 @@ struct ProductEpilogue {
     for (int r = 0; r < Fragment::ROWS; ++r) {
       const int64_t row = m0 + c.row(r);
       if (row >= p.M) continue;
+      const int64_t dest = output_row(p, row);
+      const bool add = p.accumulate && !p.partials;
 #pragma unroll
-      for (int j = 0; j < Fragment::COLS; j += 2) {
-        const int64_t col = n0 + c.col(j);
-        if (col >= p.N) continue;
-        if (p.partials) {
-          *reinterpret_cast<float2*>(p.partials + (int64_t(w.k_unit) * p.M + row) * p.N + col) =
-              make_float2(Fragment::at(acc, r, j), Fragment::at(acc, r, j + 1));
-        } else {
-          write_pair(p, row, col, Fragment::at(acc, r, j), Fragment::at(acc, r, j + 1));
+      for (int j0 = 0; j0 < Fragment::COLS; j0 += BATCH) {
+        float2 old[BATCH / 2];
+#pragma unroll
+        for (int b = 0; b < BATCH / 2; ++b) {
+          const int64_t col = n0 + c.col(j0 + 2 * b);
+          if (add && col < p.N) old[b] = read_pair(p, dest, col);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH / 2; ++b) {
+          const int j = j0 + 2 * b;
+          const int64_t col = n0 + c.col(j);
+          if (col >= p.N) continue;
+          float v0 = Fragment::at(acc, r, j), v1 = Fragment::at(acc, r, j + 1);
+          if (add) v0 += old[b].x, v1 += old[b].y;
+          if (p.partials)
+            *reinterpret_cast<float2*>(p.partials + (int64_t(w.k_unit) * p.M + row) * p.N + col) = make_float2(v0, v1);
+          else
+            store_pair(p, dest, col, v0, v1);
         }
       }
     }
@@ -94,12 +115,14 @@ __global__ void split_reduce_kernel(const __grid_constant__ ProductParams<T> p, 
   const int64_t pairs = p.M * p.N / 2;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t m = 2 * i / p.N, n = 2 * i % p.N;
+    const int64_t dest = output_row(p, m);
+    const float2 old = p.accumulate ? read_pair(p, dest, n) : make_float2(0.f, 0.f);
     float v0 = 0.f, v1 = 0.f;
     for (int z = 0; z < splits; ++z) {
       const float2 v = *reinterpret_cast<const float2*>(p.partials + (int64_t(z) * p.M + m) * p.N + n);
       v0 += v.x, v1 += v.y;
     }
-    write_pair(p, m, n, v0, v1);
+    store_pair(p, dest, n, v0 + old.x, v1 + old.y);
   }
 }
 

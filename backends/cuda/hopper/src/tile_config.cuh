@@ -18,6 +18,7 @@ using namespace cute;
 
 constexpr int TILE_M = 128, TILE_N = 256, STAGES = 4;
 constexpr int CONSUMER_THREADS = 256, THREADS = 384;  // one producer warpgroup, two consumers
+static_assert(CONSUMER_THREADS == TILE_N, "the column epilogues give each consumer thread one column of a tile");
 constexpr int PRODUCER_REGISTERS = 40, CONSUMER_REGISTERS = 232;
 
 template <class T, bool TransposedA, bool TransposedB>

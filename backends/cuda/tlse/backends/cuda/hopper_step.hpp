@@ -19,15 +19,16 @@ namespace tlse::impl::cuda {
 
 /// A block per row p of the chunk (row id `id[first + p]`, or first + p): its LSE from the
 /// forward's `splits` states (max[s][p], sum[s][p]) to lse[id], then its logits in place into
-/// G = scale * (g exp(x - lse) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef, in T.
+/// G = scale * (g exp(x - lse) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef, in T
+/// (scale and dx/dz from the logit model the forward used).
 /// G row p overwrites the first half of logit row p: each pass of the loop reads its float4s
 /// before any thread writes the pass's T pairs, which land on floats read by this or an earlier
 /// pass (bf16 element j sits in float j / 2 <= j).
 template <class T>
 __global__ void logits_to_gradient_kernel(float* logits, index_t ld, const float* max, const float* sum, int splits,
                                           index_t chunk_rows, index_t first, const int* id_of, index_t cols,
-                                          const int* target, const float* coef, float z_loss, float scale,
-                                          float softcap, float* lse) {
+                                          const int* target, const float* coef, float z_loss,
+                                          const LogitModel<T, float> model, float* lse) {
   static_assert(sizeof(T) == 2, "G is stored in a 16-bit type");
   const index_t p = blockIdx.x;
   const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
@@ -58,10 +59,9 @@ __global__ void logits_to_gradient_kernel(float* logits, index_t ld, const float
       const float v = xs[e];
       float dz = 0.f;
       if (v != -infinity<float>()) {
-        dz = g * expf(v - l) - (j + e == t ? w : 0.f);
-        if (softcap > 0.f) dz *= 1.f - (v / softcap) * (v / softcap);
+        dz = (g * expf(v - l) - (j + e == t ? w : 0.f)) * model.dx_dz(v);
       }
-      q.v[e] = from_acc<T>(dz * scale);
+      q.v[e] = from_acc<T>(dz * model.scale);
     }
     *reinterpret_cast<Quad*>(reinterpret_cast<T*>(row) + j) = q;
   }
@@ -117,7 +117,7 @@ struct LseStepHopper {
 
       logits_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
           buf.logits, plan.ld_logits, f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index, V, r.target,
-          r.coef, r.z_loss, prob.logit.scale, prob.logit.softcap, r.lse);
+          r.coef, r.z_loss, prob.logit, r.lse);
       check_launch("logits_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
