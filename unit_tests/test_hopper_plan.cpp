@@ -1,6 +1,6 @@
 // The plans of the fused Hopper backward (hopper_backward_plan.hpp) and training step (hopper_step_plan.hpp) are
 // host arithmetic: checked here on every build, GPU or not. A plan must fit its budget, take the
-// widest panel that does, and size exactly what it carves.
+// panel of least modelled cost among those that do, and size exactly what it carves.
 #include <gtest/gtest.h>
 
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
@@ -12,7 +12,7 @@ using tlse::impl::cuda::FusedBackwardPlan;
 constexpr int H200_SMS = 132;
 constexpr std::size_t MiB = std::size_t(1) << 20;
 
-TEST(HopperPlan, WidestPanelWithinTheBudget) {
+TEST(HopperPlan, CheapestPanelWithinTheBudget) {
   struct Case {
     std::int64_t rows, cols, depth;
     std::size_t budget;
@@ -30,10 +30,15 @@ TEST(HopperPlan, WidestPanelWithinTheBudget) {
     EXPECT_LE(p.panel, std::min(c.cols, FusedBackwardPlan::MAX_PANEL));
     EXPECT_EQ(p.ldg % 8, 0);
     EXPECT_GE(p.ldg, p.panel);
-    if (p.panel < std::min(c.cols, FusedBackwardPlan::MAX_PANEL)) {  // one more tile column would not fit
-      const auto wider = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth,
-                                                       std::min(c.cols, p.panel + FusedBackwardPlan::TILE_N), H200_SMS);
-      EXPECT_GT(wider.bytes, c.budget);
+    // No width that fits costs less, and none wider costs as little.
+    for (std::int64_t w = FusedBackwardPlan::TILE_N; w < c.cols + FusedBackwardPlan::TILE_N && w <= FusedBackwardPlan::MAX_PANEL;
+         w += FusedBackwardPlan::TILE_N) {
+      const auto other = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth, std::min(w, c.cols), H200_SMS);
+      if (other.bytes > c.budget || other.panel == p.panel) continue;
+      if (other.panel > p.panel)
+        EXPECT_GT(other.cost(H200_SMS), p.cost(H200_SMS)) << other.panel;
+      else
+        EXPECT_GE(other.cost(H200_SMS), p.cost(H200_SMS)) << other.panel;
     }
     // What it sizes is what it carves.
     tlse::impl::WorkspaceCarver sizing;
@@ -44,6 +49,15 @@ TEST(HopperPlan, WidestPanelWithinTheBudget) {
     EXPECT_EQ(again.panel, p.panel);
     EXPECT_EQ(again.bytes, p.bytes);
   }
+}
+
+TEST(HopperPlan, PanelWhoseOutputTilesFillTheWaves) {
+  // N=8192 D=4096 V=128256 at 256 MiB: 5376 columns fit, but dB's 672 output tiles make 5.09
+  // waves on 132 SMs (6 run); 5120 columns make 640 (4.85), one more panel, less time.
+  const FusedBackwardPlan p = FusedBackwardPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS);
+  EXPECT_EQ(p.panel, 5120);
+  EXPECT_LT(p.cost(H200_SMS), FusedBackwardPlan::with_panel(8192, 128256, 4096, 5376, H200_SMS).cost(H200_SMS));
+  EXPECT_LE(FusedBackwardPlan::with_panel(8192, 128256, 4096, 5376, H200_SMS).bytes, 256 * MiB);
 }
 
 TEST(HopperPlan, BudgetBelowOneTileColumnDoesNotFit) {

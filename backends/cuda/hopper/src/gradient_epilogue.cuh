@@ -65,13 +65,23 @@ struct GradientEpilogue {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = p.col_begin + int64_t(n) * TILE_N;
     const bool other_on = p.col_terms.active();
     const float eps = p.tile_mask ? p.filter_eps : 0.f;
-    consumer_sync();  // every thread is done with the previous tile's shared memory
+    // s.other and s.col_sum are read until the end of the previous tile (the flags alternate).
+    if (other_on || p.col_sums) consumer_sync();
     if (other_on) {
       s.other[ct] = next_other;
       consumer_sync();
     }
     const bool simple = p.logit.simple_columns(col0, TILE_N) && col0 + TILE_N <= p.col_end;
-    const bool significant = simple ? dlogits<true>(acc, c, row0, col0, eps) : dlogits<false>(acc, c, row0, col0, eps);
+    const bool own_on = p.row_terms.active();
+    bool significant;
+    if (!simple)
+      significant = dlogits<false>(acc, c, row0, col0, eps);
+    else if (own_on && other_on)
+      significant = simple_dlogits<true, true>(acc, c, row0, col0, eps);
+    else if (own_on)
+      significant = simple_dlogits<true, false>(acc, c, row0, col0, eps);
+    else
+      significant = simple_dlogits<false, true>(acc, c, row0, col0, eps);
     if (p.col_sums) column_sums(acc, c, m, col0);
     bool keep = true;
     if (p.tile_mask) {
@@ -80,6 +90,48 @@ struct GradientEpilogue {
       if (ct == 0) p.tile_mask[int64_t(m) * p.mask_ld + n] = keep;
     }
     if (p.G && keep) store(acc, c, row0, col0);
+  }
+
+  /// dlogits for a tile whose columns all take the simple model (x = scale * dot) and with the
+  /// sides' terms fixed at compile time: no test per entry but the target's (measured: half the
+  /// instructions of the general loop). At least one side is on.
+  template <bool Own, bool Other, class Acc>
+  __device__ __forceinline__ bool simple_dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
+    const float scale = p.logit.scale;
+    float pmax = 0.f;
+    bool hit = false;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + c.row(r);
+      if (p.rows.output(row) < 0) {
+#pragma unroll
+        for (int j = 0; j < Fragment::COLS; ++j) Fragment::at(acc, r, j) = 0.f;
+        continue;
+      }
+      const int32_t rid = int32_t(p.rows.id(row));
+      TermsAt own;
+      if (Own) own.load(p.row_terms, rid);
+      // The row's target as an offset from the thread's first column: compared with each
+      // column's offset, a constant once the loop is unrolled.
+      const int32_t target_at = own.target - int32_t(col0 + c.col(0));  // ids and counts < 2^31
+      if (Own) hit |= own.target >= col0 && own.target < col0 + TILE_N;
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; ++j) {
+        const int jc = c.col(j);
+        float& v = Fragment::at(acc, r, j);
+        const float dot = v, x = dot * scale;
+        float dz = Own ? own.term(x, target_at == c.col(j) - c.col(0), pmax) : 0.f;
+        if (Other) {
+          const TermsAt& other = s.other[jc];
+          const bool is_target = other.target == rid;
+          hit |= is_target;
+          dz += other.term(x, is_target, pmax);
+        }
+        row_dot[r] += dz * dot;
+        v = dz;
+      }
+    }
+    return !(pmax < eps) || hit;
   }
 
   /// acc: dot products -> dL/dz (Simple: columns of a simple model, x = scale * dot; a row that

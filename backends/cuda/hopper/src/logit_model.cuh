@@ -130,6 +130,14 @@ struct TermsAt {
     lse = t.lse[id], g = t.g[id];
     if (t.target) target = t.target[id], w = t.w[id];
   }
+  /// The share when the caller knows whether the other position is the target, noting the
+  /// largest softmax entry in pmax (a NaN wins): with the targets met, a tile survives gradient
+  /// filtering when !(pmax < filter_eps) (as share decides entry by entry).
+  __device__ __forceinline__ float term(float x, bool is_target, float& pmax) const {
+    const float p = exp_shifted(x, lse);
+    pmax = nan_max(pmax, p);
+    return is_target ? g * p - w : g * p;
+  }
   /// Sets `significant` where the entry survives gradient filtering.
   __device__ __forceinline__ float share(float x, int32_t other_id, float filter_eps, bool& significant) const {
     const float p = exp_shifted(x, lse);

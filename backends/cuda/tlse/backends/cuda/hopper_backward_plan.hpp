@@ -3,8 +3,9 @@
 // memory budget. It walks the columns in panels; per panel it recomputes the tiles once into
 // G = scale * dL/dx (rows x panel, bf16) and multiplies G twice: dB_panel = G^T A is complete
 // (every row is in the panel), dA += G B_panel goes to an fp32 accumulator (rows x depth) summed
-// over the panels in order. 4 products per forward + backward step instead of 5, and the widest
-// panel the budget allows. Host arithmetic only, so that the host suite checks it.
+// over the panels in order. 4 products per forward + backward step instead of 5, and among the
+// panels the budget allows the one a wave model of the two products (cost()) finds fastest.
+// Host arithmetic only, so that the host suite checks it.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -83,21 +84,60 @@ struct FusedBackwardPlan {
     return p;
   }
 
-  /// The widest panel (up to MAX_PANEL) whose workspace fits `budget`; fits = false (and the
-  /// narrowest plan) when not even one tile column does.
+  /// What an output tile of dA += G B_panel costs besides its K steps, in K steps: the fp32
+  /// accumulator's read and write and the tile's pipeline start. Measured on the H200
+  /// (2026-11-23, N=8192 D=4096 V=128256, panels of 5376): 80 us per tile against 0.67 us per K
+  /// step in the long products of the training step, so about 36 steps.
+  static constexpr std::int64_t ACCUMULATE_STEPS = 36;
+  /// A launch's start and drain, in K steps (a few microseconds per kernel).
+  static constexpr std::int64_t LAUNCH_STEPS = 8;
+
+  /// The time of a product with `out_tiles` output tiles over `k_steps` K steps in `splits` K
+  /// splits on `sms` SMs, in K steps of one CTA: waves times the steps of one unit (a split adds
+  /// its partial's write and sum, two steps).
+  static std::int64_t product_steps(std::int64_t out_tiles, std::int64_t k_steps, int splits, int sms,
+                                    std::int64_t tile_overhead) {
+    const std::int64_t waves = (out_tiles * splits + sms - 1) / sms;
+    return waves * ((k_steps + splits - 1) / splits + (splits > 1 ? 2 : 0) + tile_overhead);
+  }
+
+  /// Estimated time of the two products over every panel, in K steps of one CTA. The gradient
+  /// kernel's sweep costs about the same at any width and is left out. What a width changes is
+  /// how well dB's output tiles (panel / TILE_M x depth / TILE_N) fill the last wave, and how
+  /// often dA's accumulator is read and written.
+  std::int64_t cost(int sms) const {
+    const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N, row_steps = (rows + K_STEP - 1) / K_STEP;
+    const std::int64_t row_tiles_x_depth = row_tiles() * depth_tiles;
+    const auto panel_cost = [&](std::int64_t width) {
+      const std::int64_t width_tiles = (width + TILE_M - 1) / TILE_M;
+      return product_steps(width_tiles * depth_tiles, row_steps, product_k_splits(width, depth, rows, sms), sms, 0) +
+             product_steps(row_tiles_x_depth, (width + K_STEP - 1) / K_STEP, product_k_splits(rows, depth, width, sms),
+                           sms, ACCUMULATE_STEPS) +
+             2 * LAUNCH_STEPS;
+    };
+    const std::int64_t full = cols / panel, last = cols - full * panel;
+    return full * panel_cost(panel) + (last > 0 ? panel_cost(last) : 0);
+  }
+
+  /// The panel (up to MAX_PANEL) whose workspace fits `budget` and whose cost() is least, the
+  /// wider one on a tie; fits = false (and the narrowest plan) when not even one tile column fits.
   static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
     const std::int64_t widest =
         std::min(MAX_PANEL, cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N);
+    FusedBackwardPlan best;
+    std::int64_t best_cost = 0;
     for (std::int64_t panel = widest; panel > 0; panel = panel > TILE_N ? panel - TILE_N : 0) {
       const std::int64_t width = std::min(panel, cols);
       FusedBackwardPlan p = with_panel(rows, cols, depth, width, sms);
-      if (p.bytes <= budget) {
-        p.fits = true;
-        return p;
+      if (p.bytes > budget) {
+        if (panel <= TILE_N && !best.fits) return p;
+        continue;
       }
-      if (panel <= TILE_N) return p;
+      p.fits = true;
+      const std::int64_t c = p.cost(sms);
+      if (!best.fits || c < best_cost) best = p, best_cost = c;
     }
-    return FusedBackwardPlan{};
+    return best;
   }
 };
 
