@@ -56,7 +56,10 @@ struct ProductEpilogue {
   struct SharedStorage {};
   const Params& p;
 
-  __device__ ProductEpilogue(const Params& params, SharedStorage&, int) : p(params) {}
+  int ct;
+
+  __device__ ProductEpilogue(const Params& params, SharedStorage&, int consumer_thread)
+      : p(params), ct(consumer_thread) {}
 
   /// Whether the K step k of output row tile m reads a G tile the gradient panel kept.
   __device__ static bool keep(const Params& p, int m, int k) {
@@ -67,7 +70,20 @@ struct ProductEpilogue {
   }
 
   __device__ void begin_row(const Fragment&, const WorkUnit&, int) {}
-  __device__ void prefetch(const WorkUnit&, int, int) {}
+  /// Before tile (m, n)'s products: the output tile an accumulating epilogue will read is
+  /// brought into L2 (two consumer threads per row, 128-byte lines), so that its reads after the
+  /// products wait on L2 rather than on HBM, where every CTA's epilogue lands at once.
+  __device__ void prefetch(const WorkUnit&, int m, int n) {
+    if (!p.accumulate || p.partials) return;
+    const int64_t row = int64_t(m) * TILE_M + ct / 2;
+    const int64_t n0 = int64_t(n) * TILE_N + (ct % 2) * (TILE_N / 2);
+    if (row >= p.M || n0 >= p.N) return;
+    const int64_t dest = output_row(p, row);
+    const char* begin = p.out_f32 ? reinterpret_cast<const char*>(p.out_f32 + dest * p.ldo + n0)
+                                  : reinterpret_cast<const char*>(p.out + dest * p.ldo + n0);
+    const int bytes = int((p.N - n0 < TILE_N / 2 ? p.N - n0 : TILE_N / 2) * (p.out_f32 ? sizeof(float) : sizeof(T)));
+    for (int b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(begin + b));
+  }
   __device__ void end_row(const Fragment&, const WorkUnit&, int) {}
 
   /// Columns of a row whose old values are loaded together before any of them is stored: a store
