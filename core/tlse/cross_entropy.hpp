@@ -77,6 +77,36 @@ struct CrossEntropyCall {
     active_count = scored - check_indices(exec, check, "targets", targets, o.shift, scored, V, o.ignore_index, true);
   }
 
+  /// Which gradients a backward call writes.
+  struct WantedGradients {
+    bool dE, dC, dbias;
+  };
+
+  /// The checks of dloss and the gradient outputs that cross_entropy_backward and
+  /// cross_entropy_with_gradients share (after validate()).
+  template <class DLossV, class DEV, class DCV, class DBiasV>
+  WantedGradients check_gradients(const DLossV& dloss, const DEV& dE, const DCV& dC, const DBiasV& dbias) const {
+    static_check_acc_vector<Exec, T, DLossV>();
+    static_check_view<Exec, DEV, 2>();
+    static_check_view<Exec, DCV, 2>();
+    static_check_view<Exec, DBiasV, 1>();
+    static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
+                      std::is_same<typename DBiasV::value_type, T>::value,
+                  "tlse::cross_entropy_backward, cross_entropy_with_gradients: dE, dC and dbias are non-const views "
+                  "of the input scalar type");
+    const bool none = o.reduction == Reduction::none;
+    check.vector("dloss", dloss);
+    check.extent("dloss", dloss.extent(0), none ? N : 1,
+                 none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+    const index_t D = index_t(E.extent(1));
+    WantedGradients w;
+    w.dE = check.optional_matrix("dE", dE, N, D, "E");
+    w.dC = check.optional_matrix("dC", dC, V, D, "C");
+    w.dbias = check.optional("dbias", dbias, V, "C's row count (the vocabulary)");
+    check_finite(exec, check, "dloss", dloss, o.non_finite);
+    return w;
+  }
+
   /// row_target[i] = the class row i is scored against, or -1; active = the rows that are scored;
   /// position (optional) = its inverse (row -> position in active, or -1), when some row is not scored.
   index_t prepare_rows(int* row_target, int* active, int* position) const {
@@ -396,25 +426,13 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
   using T = typename decltype(call)::T;
   using Acc = typename decltype(call)::Acc;
   impl::static_check_acc_vector<Exec, T, LseV>();
-  impl::static_check_acc_vector<Exec, T, DLossV>();
-  impl::static_check_view<Exec, DEV, 2>();
-  impl::static_check_view<Exec, DCV, 2>();
-  impl::static_check_view<Exec, DBiasV, 1>();
-  static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
-                    std::is_same<typename DBiasV::value_type, T>::value,
-                "tlse::cross_entropy_backward: dE, dC and dbias are non-const views of the input scalar type");
   call.validate();
-  const impl::index_t N = call.N, V = call.V, D = impl::index_t(E.extent(1));
+  const impl::index_t N = call.N, V = call.V;
   check.vector("lse", lse);
   check.extent("lse", lse.extent(0), N, "E's row count");
-  check.vector("dloss", dloss);
-  check.extent("dloss", dloss.extent(0), opts.reduction == Reduction::none ? N : 1,
-               opts.reduction == Reduction::none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
   impl::check_vocab_order(exec, check, vocab_order, V);
-  const bool want_dE = check.optional_matrix("dE", dE, N, D, "E");
-  const bool want_dC = check.optional_matrix("dC", dC, V, D, "C");
-  const bool want_dbias = check.optional("dbias", dbias, V, "C's row count (the vocabulary)");
-  impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
+  const auto wanted = call.check_gradients(dloss, dE, dC, dbias);
+  const bool want_dE = wanted.dE, want_dC = wanted.dC, want_dbias = wanted.dbias;
   Kokkos::Profiling::pushRegion("tlse::cross_entropy_backward");
   using Arrays = impl::CrossEntropyBackwardArrays<Acc>;
   impl::with_workspace(
@@ -481,25 +499,13 @@ void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, co
   using Acc = typename decltype(call)::Acc;
   using Mem = typename EV::memory_space;
   impl::static_check_acc_vector<Exec, T, LossV>();
-  impl::static_check_acc_vector<Exec, T, DLossV>();
-  impl::static_check_view<Exec, DEV, 2>();
-  impl::static_check_view<Exec, DCV, 2>();
-  impl::static_check_view<Exec, DBiasV, 1>();
-  static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
-                    std::is_same<typename DBiasV::value_type, T>::value,
-                "tlse::cross_entropy_with_gradients: dE, dC and dbias are non-const views of the input scalar type");
   call.validate();
-  const impl::index_t N = call.N, V = call.V, D = impl::index_t(E.extent(1));
+  const impl::index_t N = call.N, V = call.V;
   const bool none = opts.reduction == Reduction::none;
-  const char* loss_shape = none ? "Reduction::none (one loss per row of E)" : "a reduced loss";
   check.vector("loss", loss);
-  check.extent("loss", loss.extent(0), none ? N : 1, loss_shape);
-  check.vector("dloss", dloss);
-  check.extent("dloss", dloss.extent(0), none ? N : 1, loss_shape);
-  const bool want_dE = check.optional_matrix("dE", dE, N, D, "E");
-  const bool want_dC = check.optional_matrix("dC", dC, V, D, "C");
-  const bool want_dbias = check.optional("dbias", dbias, V, "C's row count (the vocabulary)");
-  impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
+  check.extent("loss", loss.extent(0), none ? N : 1, none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+  const auto wanted = call.check_gradients(dloss, dE, dC, dbias);
+  const bool want_dE = wanted.dE, want_dC = wanted.dC, want_dbias = wanted.dbias;
 
   const std::size_t step_scratch = impl::step_scratch_bytes<T>(exec, call.backward_shape());
   bool done = false;
