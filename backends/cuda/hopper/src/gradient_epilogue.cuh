@@ -75,7 +75,7 @@ struct GradientEpilogue {
     const bool own_on = p.row_terms.active();
     bool significant;
     if (!simple)
-      significant = dlogits<false>(acc, c, row0, col0, eps);
+      significant = dlogits(acc, c, row0, col0, eps);
     else if (own_on && other_on)
       significant = simple_dlogits<true, true>(acc, c, row0, col0, eps);
     else if (own_on)
@@ -134,9 +134,10 @@ struct GradientEpilogue {
     return !(pmax < eps) || hit;
   }
 
-  /// acc: dot products -> dL/dz (Simple: columns of a simple model, x = scale * dot; a row that
-  /// takes no part gets 0). Returns whether any entry survives gradient filtering.
-  template <bool Simple, class Acc>
+  /// acc: dot products -> dL/dz under the general logit model (bias, softcap, masks, column ids; a
+  /// row or column that takes no part gets 0). Returns whether any entry survives gradient
+  /// filtering.
+  template <class Acc>
   __device__ __forceinline__ bool dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
     const bool other_on = p.col_terms.active(), own_on = p.row_terms.active();
     bool significant = false;
@@ -154,13 +155,13 @@ struct GradientEpilogue {
         float& v = Fragment::at(acc, r, j);
         const float dot = v;
         float dz = 0.f;
-        if (row_ok && (Simple || col < p.col_end)) {
-          const int32_t cid = Simple ? int32_t(col) : int32_t(p.cols.id(col));
-          const float x = Simple ? dot * p.logit.scale : p.logit(dot, rid, cid);
-          if (Simple || x != NEG_INF) {
+        if (row_ok && col < p.col_end) {
+          const int32_t cid = int32_t(p.cols.id(col));
+          const float x = p.logit(dot, rid, cid);
+          if (x != NEG_INF) {
             float share = own_on ? own.share(x, cid, eps, significant) : 0.f;
             if (other_on) share += s.other[jc].share(x, rid, eps, significant);
-            dz = Simple ? share : share * p.logit.dx_dz(x);
+            dz = share * p.logit.dx_dz(x);
           }
           row_dot[r] += dz * dot;
         }
