@@ -77,6 +77,15 @@ struct CrossEntropyCall {
     active_count = scored - check_indices(exec, check, "targets", targets, o.shift, scored, V, o.ignore_index, true);
   }
 
+  /// Checks a view shaped like the loss (loss, dloss): one value per row of E under
+  /// Reduction::none, else one (after validate()).
+  template <class LossV>
+  void check_loss_shape(const char* name, const LossV& v) const {
+    const bool none = o.reduction == Reduction::none;
+    check.vector(name, v);
+    check.extent(name, v.extent(0), none ? N : 1, none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+  }
+
   /// Which gradients a backward call writes.
   struct WantedGradients {
     bool dE, dC, dbias;
@@ -94,10 +103,7 @@ struct CrossEntropyCall {
                       std::is_same<typename DBiasV::value_type, T>::value,
                   "tlse::cross_entropy_backward, cross_entropy_with_gradients: dE, dC and dbias are non-const views "
                   "of the input scalar type");
-    const bool none = o.reduction == Reduction::none;
-    check.vector("dloss", dloss);
-    check.extent("dloss", dloss.extent(0), none ? N : 1,
-                 none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+    check_loss_shape("dloss", dloss);
     const index_t D = index_t(E.extent(1));
     WantedGradients w;
     w.dE = check.optional_matrix("dE", dE, N, D, "E");
@@ -349,9 +355,7 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
   impl::static_check_view<Exec, OrderV, 1>();
   static_assert(std::is_same<typename OrderV::value_type, int>::value, "tlse: vocab_order is a view of int");
   call.validate();
-  check.vector("loss", loss);
-  check.extent("loss", loss.extent(0), opts.reduction == Reduction::none ? E.extent(0) : 1,
-               opts.reduction == Reduction::none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+  call.check_loss_shape("loss", loss);
   const bool want_lse = check.optional("lse", lse, E.extent(0), "E's row count");
   const bool want_order = check.optional("vocab_order", vocab_order, C.extent(0), "C's row count (the vocabulary)");
   const impl::index_t N = call.N, V = call.V;
@@ -501,9 +505,7 @@ void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, co
   impl::static_check_acc_vector<Exec, T, LossV>();
   call.validate();
   const impl::index_t N = call.N, V = call.V;
-  const bool none = opts.reduction == Reduction::none;
-  check.vector("loss", loss);
-  check.extent("loss", loss.extent(0), none ? N : 1, none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+  call.check_loss_shape("loss", loss);
   const auto wanted = call.check_gradients(dloss, dE, dC, dbias);
   const bool want_dE = wanted.dE, want_dC = wanted.dC, want_dbias = wanted.dbias;
 
