@@ -2,10 +2,13 @@
 // while fuzzing the C API (c_api/fuzz, its sanitizers, and the model of valid calls it checks
 // against). Each call fails with a status and a message naming the argument and the values, and
 // leaves every output as it was. CI also runs these under ASan and UBSan (scripts/sanitize.sh),
-// where some of the bugs were undefined behaviour only.
+// where some of the bugs were undefined behaviour only. Last, the training step in one call
+// (tlse_cross_entropy_with_gradients) against the forward and the backward, and its checks.
 #include <gtest/gtest.h>
 #include <tlse.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -37,6 +40,12 @@ struct CrossEntropy {
                       tlse_dtype dtype = TLSE_F64) {
     return tlse_cross_entropy_forward(context(), device, nullptr, dtype, n, v, d, E.data(), C.data(), nullptr,
                                       targets.data(), loss.data(), lse.data(), nullptr, &options);
+  }
+  /// The step in one call, with this struct's options, no bias and no dC or dbias.
+  tlse_status step(const void* dloss_at, void* loss_at, void* dE_at, tlse_dtype dtype = TLSE_F64) {
+    return tlse_cross_entropy_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, dtype, N, V, D, E.data(), C.data(),
+                                             nullptr, targets.data(), dloss_at, loss_at, dE_at, nullptr, nullptr,
+                                             &options);
   }
   bool untouched() const {
     for (const auto* out : {&loss, &lse, &dE})
@@ -151,6 +160,147 @@ TEST(CApi, OptionsBeyondTheAccumulatorAreErrors) {
                                        nullptr, targets.data(), &loss64, nullptr, nullptr, &o),
             TLSE_SUCCESS)
       << tlse_last_error();
+}
+
+/// One cross-entropy problem of storage type T (float or double: the accumulator type too) run
+/// both ways, the step in one call and the forward then the backward, with the same options and
+/// dloss, from the same starting gradients (they matter with `accumulate`).
+template <class T>
+struct StepAgainstPair {
+  static constexpr std::int64_t n = 37, v = 53, d = 19;  // not multiples of the host's 32-wide tiles
+  tlse_dtype dtype = sizeof(T) == 8 ? TLSE_F64 : TLSE_F32;
+  tlse_cross_entropy_options options;
+  std::vector<T> E = std::vector<T>(n * d), C = std::vector<T>(v * d), bias = std::vector<T>(v);
+  std::vector<std::int64_t> targets = std::vector<std::int64_t>(n);
+  bool with_bias = false;
+
+  StepAgainstPair() {
+    tlse_cross_entropy_options_default(&options);
+    options.filter_eps = 0;  // the fused step never filters (tlse.h): compare exact gradients
+    for (std::int64_t i = 0; i < n * d; ++i) E[i] = T(std::sin(0.37 * double(i)));
+    for (std::int64_t i = 0; i < v * d; ++i) C[i] = T(std::cos(0.11 * double(i)));
+    for (std::int64_t j = 0; j < v; ++j) bias[j] = T(0.25 * double(j % 5));
+    for (std::int64_t i = 0; i < n; ++i) targets[i] = i % 5 == 4 ? options.ignore_index : (13 * i) % v;
+  }
+
+  /// Runs both and expects the same loss and gradients up to rounding: |a - b| <= 64 u (1 + max |b|),
+  /// u the accumulator's unit roundoff (the float storage of float gradients rounds at the same u).
+  void check() const {
+    const std::int64_t losses = options.reduction == TLSE_REDUCTION_NONE ? n : 1;
+    std::vector<T> dloss(losses), loss(losses, T(-1)), pair_loss(losses, T(-2)), lse(n);
+    for (std::int64_t i = 0; i < losses; ++i) dloss[i] = T(0.5 + 0.1 * double(i));
+    std::vector<T> dE(n * d), dC(v * d), dbias(v);
+    for (std::int64_t i = 0; i < n * d; ++i) dE[i] = T(0.01 * double(i % 7));
+    for (std::int64_t i = 0; i < v * d; ++i) dC[i] = T(-0.02 * double(i % 3));
+    for (std::int64_t j = 0; j < v; ++j) dbias[j] = T(0.5);
+    std::vector<T> pair_dE = dE, pair_dC = dC, pair_dbias = dbias;
+    const T* b = with_bias ? bias.data() : nullptr;
+
+    ASSERT_EQ(tlse_cross_entropy_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, d, E.data(),
+                                                C.data(), b, targets.data(), dloss.data(), loss.data(), dE.data(),
+                                                dC.data(), with_bias ? dbias.data() : nullptr, &options),
+              TLSE_SUCCESS)
+        << tlse_last_error();
+    ASSERT_EQ(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, d, E.data(), C.data(), b,
+                                         targets.data(), pair_loss.data(), lse.data(), nullptr, &options),
+              TLSE_SUCCESS)
+        << tlse_last_error();
+    ASSERT_EQ(tlse_cross_entropy_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, d, E.data(), C.data(),
+                                          b, targets.data(), lse.data(), nullptr, dloss.data(), pair_dE.data(),
+                                          pair_dC.data(), with_bias ? pair_dbias.data() : nullptr, &options),
+              TLSE_SUCCESS)
+        << tlse_last_error();
+    expect_close("loss", loss, pair_loss);
+    expect_close("dE", dE, pair_dE);
+    expect_close("dC", dC, pair_dC);
+    expect_close("dbias", dbias, pair_dbias);
+  }
+
+  static void expect_close(const char* name, const std::vector<T>& got, const std::vector<T>& want) {
+    double magnitude = 0;
+    for (T x : want) magnitude = std::max(magnitude, std::fabs(double(x)));
+    const double u = sizeof(T) == 8 ? 0x1p-53 : 0x1p-24, tolerance = 64 * u * (1 + magnitude);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_LE(std::fabs(double(got[i]) - double(want[i])), tolerance)
+          << name << "[" << i << "] = " << got[i] << ", forward and backward: " << want[i];
+  }
+};
+
+TEST(CApiTrainingStep, MatchesForwardAndBackward) {
+  {
+    SCOPED_TRACE("f64, mean");
+    StepAgainstPair<double>().check();
+  }
+  {
+    SCOPED_TRACE("f64, sum, bias and dbias, softcap, z_loss, accumulate");
+    StepAgainstPair<double> p;
+    p.with_bias = true;
+    p.options.reduction = TLSE_REDUCTION_SUM, p.options.softcap = 3.0, p.options.z_loss = 1e-3;
+    p.options.accumulate = 1;
+    p.check();
+  }
+  {
+    SCOPED_TRACE("f64, none (one dloss per row), shift");
+    StepAgainstPair<double> p;
+    p.options.reduction = TLSE_REDUCTION_NONE, p.options.shift = 2;
+    p.check();
+  }
+  {
+    SCOPED_TRACE("f32, mean, bias without dbias, every row ignored but one");
+    StepAgainstPair<float> p;
+    p.with_bias = true;
+    std::fill(p.targets.begin() + 1, p.targets.end(), p.options.ignore_index);
+    p.check();
+  }
+  {
+    SCOPED_TRACE("f32, mean, the gradient filter (the same filter both ways on the host)");
+    StepAgainstPair<float> p;
+    p.options.filter_eps = TLSE_FILTER_EPS_AUTO;
+    p.check();
+  }
+}
+
+TEST(CApiTrainingStep, BadInputFailsBeforeAnyWrite) {
+  CrossEntropy ce;
+  expect_invalid(ce.step(ce.dloss.data(), nullptr, ce.dE.data()),
+                 {"tlse_cross_entropy_with_gradients: argument 'loss' is NULL but has 1 elements"});
+  expect_invalid(ce.step(nullptr, ce.loss.data(), ce.dE.data()), {"argument 'dloss' is NULL but has 1 elements"});
+  // The loss written over dloss, which the backward half reads after the forward half wrote the loss.
+  expect_invalid(ce.step(ce.lse.data(), ce.lse.data(), ce.dE.data()), {"argument 'dloss' overlaps argument 'loss'"});
+  expect_invalid(ce.step(ce.dloss.data(), ce.loss.data(), ce.E.data()), {"argument 'dE' overlaps argument 'E'"});
+  ce.options.reduction = TLSE_REDUCTION_NONE;  // loss and dloss: N values each, here sharing one
+  std::vector<double> both(2 * N, -1.0);
+  expect_invalid(ce.step(both.data(), both.data() + N - 1, ce.dE.data()),
+                 {"argument 'dloss' overlaps argument 'loss'"});
+  ce.options.reduction = 7;
+  expect_invalid(ce.step(ce.dloss.data(), ce.loss.data(), ce.dE.data()), {"argument 'options.reduction' is 7"});
+  ce.options.reduction = TLSE_REDUCTION_MEAN;
+  expect_invalid(ce.step(ce.dloss.data(), ce.loss.data(), ce.dE.data(), static_cast<tlse_dtype>(9)),
+                 {"argument 'dtype' is 9"});
+  // The C++ checks, with the step's name.
+  ce.targets[3] = V;
+  expect_invalid(ce.step(ce.dloss.data(), ce.loss.data(), ce.dE.data()),
+                 {"tlse::cross_entropy_with_gradients: argument 'targets' has targets[3] = 7"});
+  ce.targets[3] = 2;
+  ce.options.detect_non_finite = 1;
+  std::vector<double> nan_dloss(1, std::nan(""));
+  expect_invalid(ce.step(nan_dloss.data(), ce.loss.data(), ce.dE.data()), {"argument 'dloss' contains NaN or Inf"});
+  // A lent workspace smaller than tlse_cross_entropy_workspace_bytes says, even where one half of
+  // the step would fit in it.
+  ce.options.detect_non_finite = 0;
+  std::size_t need = 0;
+  ASSERT_EQ(tlse_cross_entropy_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, &ce.options,
+                                               &need),
+            TLSE_SUCCESS);
+  std::vector<char> arena(need);
+  ce.options.workspace = arena.data(), ce.options.workspace_bytes = need - 1;
+  const std::string holds = "argument 'workspace' holds " + std::to_string(need - 1) + " bytes but this call needs";
+  expect_invalid(ce.step(ce.dloss.data(), ce.loss.data(), ce.dE.data()), {holds.c_str()});
+  EXPECT_TRUE(ce.untouched());
+  for (double x : both) EXPECT_EQ(x, -1.0);
+  ce.options.workspace_bytes = need;
+  EXPECT_EQ(ce.step(ce.dloss.data(), ce.loss.data(), ce.dE.data()), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_FALSE(ce.untouched());
 }
 
 }  // namespace

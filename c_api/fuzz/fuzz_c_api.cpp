@@ -1,4 +1,4 @@
-// libFuzzer target of the C API (c_api/include/tlse.h). Each input becomes one or two calls of
+// libFuzzer target of the C API (c_api/include/tlse.h). Each input becomes one to three calls of
 // the tlse_* entry points: shapes (0, 1, tile edges, and sizes whose products overflow 32 or 64
 // bits), dtypes, devices, streams, options (NaN, Inf, negative, overflowing and denormal values,
 // ignore_index, shift, filter_eps, workspaces of every size), NULL, aliased and misaligned
@@ -370,8 +370,46 @@ void fuzz_cross_entropy_workspace_bytes(Input& in) {
   if (s == TLSE_SUCCESS && bytes == 0) violated("a workspace of 0 bytes", call.log());
 }
 
-/// Cross-entropy forward, then (pair) the backward from its lse and vocab_order: arrays may be
-/// NULL, aliased or misaligned in the forward, the backward gets its own.
+/// After a successful forward (`forward`), tlse_cross_entropy_with_gradients on its inputs and
+/// options: its own arrays (dloss, loss, gradients) may be NULL, aliased or misaligned; the
+/// results are checked against the float64 reference.
+void fuzz_training_step(Input& in, Call& forward, const Target& t, std::int64_t n, std::int64_t v, std::int64_t d,
+                        tlse_cross_entropy_options o, bool use_options, const Mat& Em, const Mat& Cm,
+                        const std::vector<double>& bv, const std::vector<std::int64_t>& tv) {
+  Call step(in, "tlse_cross_entropy_with_gradients");
+  step.note(forward.log());
+  const Kind T = storage_kind(t.dtype), A = acc_kind(t.dtype);
+  const std::int64_t loss_count = o.reduction == TLSE_REDUCTION_NONE ? n : 1;
+  Buffer* dloss = step.array("dloss", A, loss_count, false, true);
+  Buffer* loss = step.array("loss", A, loss_count, true, true);
+  Buffer* dE = step.array("dE", T, n * d, true, false);
+  Buffer* dC = step.array("dC", T, v * d, true, false);
+  Buffer* dbias = step.array("dbias", T, v, true, false);
+  const bool accumulate = o.accumulate != 0;
+  const std::vector<double> dl = dloss ? values(dloss, loss_count) : std::vector<double>(std::size_t(loss_count), 0.0);
+  const auto x = cross_entropy_expected(Em, Cm, bv, tv, o.ignore_index, o.reduction, o.shift, o.softcap, o.z_loss, dl,
+                                        accumulate ? matrix(dE, n, d) : Mat(), accumulate ? matrix(dC, v, d) : Mat(),
+                                        accumulate ? values(dbias, v) : std::vector<double>(), rounding(t.dtype));
+  if (use_options) o.workspace = step.workspace(cross_entropy_workspace_need(t, n, v, d, o), o.workspace_bytes);
+  forward.before();
+  step.before();
+  const tlse_status s = tlse_cross_entropy_with_gradients(
+      context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, forward.pointer(0), forward.pointer(1),
+      forward.pointer(2), static_cast<const std::int64_t*>(forward.pointer(3)), step.pointer(0), step.pointer(1),
+      step.pointer(2), step.pointer(3), step.pointer(4), use_options ? &o : nullptr);
+  step.after(s);
+  forward.read_only_since_before("the training step");
+  if (s != TLSE_SUCCESS) return;
+  step.expect("loss", loss, x.loss);
+  if (o.filter_eps != 0) return;  // filtered gradients are checked by the unit tests
+  step.expect("dE", dE, x.dE);
+  step.expect("dC", dC, x.dC);
+  step.expect("dbias", dbias, x.dbias);
+}
+
+/// Cross-entropy forward, then (pair) the backward from its lse and vocab_order, then the training
+/// step in one call on the same inputs: arrays may be NULL, aliased or misaligned in the forward,
+/// the backward and the step get their own.
 void fuzz_cross_entropy(Input& in, bool backward_alone) {
   Call call(in, backward_alone ? "tlse_cross_entropy_backward" : "tlse_cross_entropy_forward");
   const Target t = target(in, call);
@@ -462,21 +500,25 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
       seen[std::size_t(c)] = true;
     }
   }
-  if (!lse) return;  // the backward needs the forward's lse
-  if (use_options) o.workspace = back.workspace(cross_entropy_workspace_need(t, n, v, d, o), o.workspace_bytes);
-  call.before();
-  back.before();
-  const tlse_status sb = tlse_cross_entropy_backward(
-      context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, call.pointer(0), call.pointer(1),
-      call.pointer(2), static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(5),
-      static_cast<const std::int32_t*>(call.pointer(6)), back.pointer(0), back.pointer(1), back.pointer(2),
-      back.pointer(3), use_options ? &o : nullptr);
-  back.after(sb);
-  call.read_only_since_before("the backward");
-  if (sb != TLSE_SUCCESS || o.filter_eps != 0) return;  // filtered gradients are checked by the unit tests
-  back.expect("dE", dE, x.dE);
-  back.expect("dC", dC, x.dC);
-  back.expect("dbias", dbias, x.dbias);
+  if (lse) {  // the backward needs the forward's lse
+    if (use_options) o.workspace = back.workspace(cross_entropy_workspace_need(t, n, v, d, o), o.workspace_bytes);
+    call.before();
+    back.before();
+    const tlse_status sb = tlse_cross_entropy_backward(
+        context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, call.pointer(0), call.pointer(1),
+        call.pointer(2), static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(5),
+        static_cast<const std::int32_t*>(call.pointer(6)), back.pointer(0), back.pointer(1), back.pointer(2),
+        back.pointer(3), use_options ? &o : nullptr);
+    back.after(sb);
+    call.read_only_since_before("the backward");
+    if (sb == TLSE_SUCCESS && o.filter_eps == 0) {  // filtered gradients are checked by the unit tests
+      back.expect("dE", dE, x.dE);
+      back.expect("dC", dC, x.dC);
+      back.expect("dbias", dbias, x.dbias);
+    }
+  }
+  // Last, so that the inputs found before it was added still make the same calls up to here.
+  fuzz_training_step(in, call, t, n, v, d, o, use_options, Em, Cm, bv, tv);
 }
 
 // ---- Contrastive -----------------------------------------------------------------------------

@@ -127,7 +127,8 @@ TLSE_API void tlse_contrastive_options_default(tlse_contrastive_options* options
 
 /* ---- Cut cross-entropy: loss_i = lse_i(C E_i + bias) - (C E_i + bias)_{targets[i+shift]} ---- */
 
-/* Bytes of device memory a caller-provided workspace needs for the forward and the backward. */
+/* Bytes of device memory a caller-provided workspace needs for the forward, the backward and
+ * tlse_cross_entropy_with_gradients. */
 TLSE_API tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
                                                         tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
                                                         const tlse_cross_entropy_options* options, size_t* bytes);
@@ -150,6 +151,21 @@ TLSE_API tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_dev
                                                  const void* lse, const int32_t* vocab_order, const void* dloss,
                                                  void* dE, void* dC, void* dbias,
                                                  const tlse_cross_entropy_options* options);
+
+/* A training step in one call: the forward's loss and the backward's gradients for `dloss`, as
+ * tlse_cross_entropy_forward then tlse_cross_entropy_backward would give them (up to rounding),
+ * with the same checks. dloss (input) and loss (output) are shaped like the forward's loss; dE,
+ * dC, dbias as for the backward (any may be NULL). No lse or vocab_order: the call keeps what
+ * it needs. On Hopper GPUs (bf16, dbias NULL), when options.memory_budget holds the logits of
+ * a chunk of rows, the forward's logits become the gradient: 3 matrix products instead of 4, and
+ * no gradient filtering (as filter_eps = 0); otherwise it runs the two calls, the backward
+ * without vocabulary sorting (docs/c_api.md). */
+TLSE_API tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device device, void* stream,
+                                                       tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
+                                                       const void* E, const void* C, const void* bias,
+                                                       const int64_t* targets, const void* dloss, void* loss,
+                                                       void* dE, void* dC, void* dbias,
+                                                       const tlse_cross_entropy_options* options);
 
 /* ---- Contrastive (CLIP InfoNCE) loss: x_ij = scale * I_i . T_j ------------------------------ */
 

@@ -43,11 +43,10 @@ std::size_t cross_entropy_workspace(const Launch& l, const CrossEntropyArgs& a) 
 template <class T>
 void cross_entropy_forward(const Launch& l, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
-  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
   on_exec(l, [&](const auto& exec) {
     tlse::cross_entropy(exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d),
                         vec<const T>(exec, a.bias, a.v), vec<const std::int64_t>(exec, a.targets, a.n),
-                        vec<Acc>(exec, a.loss, loss_size), vec<Acc>(exec, a.lse_out, a.n),
+                        vec<Acc>(exec, a.loss, a.loss_size()), vec<Acc>(exec, a.lse_out, a.n),
                         vec<int>(exec, a.order_out, a.v), a.options);
   });
 }
@@ -55,13 +54,24 @@ void cross_entropy_forward(const Launch& l, const CrossEntropyArgs& a) {
 template <class T>
 void cross_entropy_backward(const Launch& l, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
-  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
   on_exec(l, [&](const auto& exec) {
     tlse::cross_entropy_backward(
         exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
         vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.lse, a.n),
-        vec<const int>(exec, a.order, a.v), vec<const Acc>(exec, a.dloss, loss_size), mat<T>(exec, a.dE, a.n, a.d),
+        vec<const int>(exec, a.order, a.v), vec<const Acc>(exec, a.dloss, a.loss_size()), mat<T>(exec, a.dE, a.n, a.d),
         mat<T>(exec, a.dC, a.v, a.d), vec<T>(exec, a.dbias, a.v), a.options);
+  });
+}
+
+template <class T>
+void cross_entropy_with_gradients(const Launch& l, const CrossEntropyArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::cross_entropy_with_gradients(
+        exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
+        vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.dloss, a.loss_size()),
+        vec<Acc>(exec, a.loss, a.loss_size()), mat<T>(exec, a.dE, a.n, a.d), mat<T>(exec, a.dC, a.v, a.d),
+        vec<T>(exec, a.dbias, a.v), a.options);
   });
 }
 
@@ -101,25 +111,23 @@ void contrastive_backward(const Launch& l, const ContrastiveArgs& a) {
 template <class T>
 void cross_entropy_forward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
-  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
   on_exec(l, [&](const auto& exec) {
     const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
     distributed::cross_entropy(comm, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d),
                                vec<const T>(exec, a.bias, a.v), vec<const std::int64_t>(exec, a.targets, a.n),
-                               vec<Acc>(exec, a.loss, loss_size), vec<Acc>(exec, a.lse_out, a.n), a.options);
+                               vec<Acc>(exec, a.loss, a.loss_size()), vec<Acc>(exec, a.lse_out, a.n), a.options);
   });
 }
 
 template <class T>
 void cross_entropy_backward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
-  const std::int64_t loss_size = a.options.reduction == Reduction::none ? a.n : 1;
   on_exec(l, [&](const auto& exec) {
     const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
     distributed::cross_entropy_backward(
         comm, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
         vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.lse, a.n),
-        vec<const Acc>(exec, a.dloss, loss_size), mat<T>(exec, a.dE, a.n, a.d), mat<T>(exec, a.dC, a.v, a.d),
+        vec<const Acc>(exec, a.dloss, a.loss_size()), mat<T>(exec, a.dE, a.n, a.d), mat<T>(exec, a.dC, a.v, a.d),
         vec<T>(exec, a.dbias, a.v), a.options);
   });
 }
@@ -156,6 +164,7 @@ void contrastive_backward_distributed(const Launch& l, const Callbacks& cb, cons
   template std::size_t cross_entropy_workspace<T>(const Launch&, const CrossEntropyArgs&);     \
   template void cross_entropy_forward<T>(const Launch&, const CrossEntropyArgs&);              \
   template void cross_entropy_backward<T>(const Launch&, const CrossEntropyArgs&);                      \
+  template void cross_entropy_with_gradients<T>(const Launch&, const CrossEntropyArgs&);                \
   template void cross_entropy_forward_distributed<T>(const Launch&, const Callbacks&, const CrossEntropyArgs&); \
   template void cross_entropy_backward_distributed<T>(const Launch&, const Callbacks&, const CrossEntropyArgs&)
 #define TLSE_CAPI_CONTRASTIVE(T)                                                                            \

@@ -40,6 +40,8 @@ struct Error : std::runtime_error {
   Error(tlse_status s, const std::string& message) : std::runtime_error(message), status(s) {}
 };
 
+/// The arguments of a cross-entropy call; the step in one call takes the forward's loss and the
+/// backward's dloss and gradients.
 struct CrossEntropyArgs {
   std::int64_t n = 0, v = 0, d = 0;
   const void *E = nullptr, *C = nullptr, *bias = nullptr;
@@ -50,6 +52,9 @@ struct CrossEntropyArgs {
   const std::int32_t* order = nullptr;
   void *dE = nullptr, *dC = nullptr, *dbias = nullptr;  // backward outputs
   CrossEntropyOptions options;
+
+  /// Elements of loss and dloss: one per row under Reduction::none, else one.
+  std::int64_t loss_size() const { return options.reduction == Reduction::none ? n : 1; }
 };
 
 struct ContrastiveArgs {
@@ -68,6 +73,8 @@ template <class T>
 void cross_entropy_forward(const Launch&, const CrossEntropyArgs&);
 template <class T>
 void cross_entropy_backward(const Launch&, const CrossEntropyArgs&);
+template <class T>
+void cross_entropy_with_gradients(const Launch&, const CrossEntropyArgs&);
 
 template <class T>
 std::size_t contrastive_workspace(const Launch&, const ContrastiveArgs&);

@@ -377,6 +377,16 @@ void cross_entropy_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::Cros
   a.E = E, a.C = C, a.bias = bias, a.targets = targets;
 }
 
+/// dloss and the gradient outputs the backward and the step share, checked and recorded in `a`.
+void cross_entropy_gradients(CallerArrays& arrays, ElementBytes e, tlse::capi::CrossEntropyArgs& a, const void* dloss,
+                             void* dE, void* dC, void* dbias) {
+  arrays.input("dloss", dloss, a.loss_size(), e.acc, true);
+  arrays.output("dE", dE, a.n * a.d, e.value);
+  arrays.output("dC", dC, a.v * a.d, e.value);
+  arrays.output("dbias", dbias, a.v, e.value);
+  a.dloss = dloss, a.dE = dE, a.dC = dC, a.dbias = dbias;
+}
+
 /// The sizes and options every contrastive entry point takes, checked.
 tlse::capi::ContrastiveArgs contrastive_args(const char* fn, int64_t b, int64_t c,
                                              const tlse_contrastive_options* options) {
@@ -451,7 +461,7 @@ tlse::capi::CrossEntropyArgs cross_entropy_forward_args(const char* fn, const tl
   const ElementBytes e = element_bytes(fn, dtype);
   CallerArrays arrays(fn, context, device);
   cross_entropy_inputs(arrays, e, a, E, C, bias, targets);
-  arrays.output("loss", loss, a.options.reduction == tlse::Reduction::none ? n : 1, e.acc, true);
+  arrays.output("loss", loss, a.loss_size(), e.acc, true);
   arrays.output("lse", lse, n, e.acc);
   arrays.output("vocab_order", vocab_order, v, sizeof(int32_t));
   arrays.disjoint();
@@ -473,13 +483,28 @@ tlse::capi::CrossEntropyArgs cross_entropy_backward_args(const char* fn, const t
   cross_entropy_inputs(arrays, e, a, E, C, bias, targets);
   arrays.input("lse", lse, n, e.acc, true);
   arrays.input("vocab_order", vocab_order, v, sizeof(int32_t));
-  arrays.input("dloss", dloss, a.options.reduction == tlse::Reduction::none ? n : 1, e.acc, true);
-  arrays.output("dE", dE, n * d, e.value);
-  arrays.output("dC", dC, v * d, e.value);
-  arrays.output("dbias", dbias, v, e.value);
+  cross_entropy_gradients(arrays, e, a, dloss, dE, dC, dbias);
   arrays.disjoint();
-  a.lse = lse, a.order = vocab_order, a.dloss = dloss;
-  a.dE = dE, a.dC = dC, a.dbias = dbias;
+  a.lse = lse, a.order = vocab_order;
+  return a;
+}
+
+/// The checked arguments of tlse_cross_entropy_with_gradients: the forward's loss and the
+/// backward's dloss and gradients.
+tlse::capi::CrossEntropyArgs cross_entropy_with_gradients_args(const char* fn, const tlse_context* context,
+                                                               tlse_device device, tlse_dtype dtype, int64_t n,
+                                                               int64_t v, int64_t d, const void* E, const void* C,
+                                                               const void* bias, const int64_t* targets,
+                                                               const void* dloss, void* loss, void* dE, void* dC,
+                                                               void* dbias, const tlse_cross_entropy_options* options) {
+  auto a = cross_entropy_args(fn, n, v, d, options);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  cross_entropy_inputs(arrays, e, a, E, C, bias, targets);
+  arrays.output("loss", loss, a.loss_size(), e.acc, true);
+  cross_entropy_gradients(arrays, e, a, dloss, dE, dC, dbias);
+  arrays.disjoint();
+  a.loss = loss;
   return a;
 }
 
@@ -649,6 +674,21 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
                                                dloss, dE, dC, dbias, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device device, void* stream,
+                                              tlse_dtype dtype, int64_t n, int64_t v, int64_t d, const void* E,
+                                              const void* C, const void* bias, const int64_t* targets,
+                                              const void* dloss, void* loss, void* dE, void* dC, void* dbias,
+                                              const tlse_cross_entropy_options* options) {
+  static const char* fn = "tlse_cross_entropy_with_gradients";
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    const auto a = cross_entropy_with_gradients_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, dloss,
+                                                     loss, dE, dC, dbias, options);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_with_gradients<decltype(tag)>(launch, a); });
   });
 }
 

@@ -488,7 +488,8 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 ///        training step)
 /// \param loss output view of accumulator_t<T>: (N) with Reduction::none, (1) otherwise
 /// \param dE (N x D), dC (V x D), dbias (V): output views of T, each may be empty (not computed)
-/// \param opts see CrossEntropyOptions; `accumulate` adds into dE, dC and dbias
+/// \param opts see CrossEntropyOptions; `accumulate` adds into dE, dC and dbias; a lent workspace
+///        holds cross_entropy_workspace_bytes(exec, E, C, opts)
 /// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
 ///         layout, target, option or workspace size (and on NaN/Inf with NonFinite::detect),
 ///         before any output is written.
@@ -508,6 +509,15 @@ void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, co
   call.check_loss_shape("loss", loss);
   const auto wanted = call.check_gradients(dloss, dE, dC, dbias);
   const bool want_dE = wanted.dE, want_dC = wanted.dC, want_dbias = wanted.dbias;
+  // The fallback below checks a lent workspace in each of its two calls, and its forward writes
+  // the loss before its backward checks: one the backward finds too small (its scratch on GPUs)
+  // would fail the call after a write. So the workspace is checked against both (and the step) here.
+  if (opts.workspace.data) {
+    const std::size_t need = cross_entropy_workspace_bytes(exec, E, C, opts);
+    if (opts.workspace.bytes < need)
+      check.fail("workspace", "holds " + std::to_string(opts.workspace.bytes) + " bytes but this call needs " +
+                                  std::to_string(need) + " (cross_entropy_workspace_bytes)");
+  }
 
   const std::size_t step_scratch = impl::step_scratch_bytes<T>(exec, call.backward_shape());
   bool done = false;

@@ -1,5 +1,5 @@
 ! Fortran 2003 interface to the TiledLSE C API (tlse.h) through iso_c_binding: the subset the
-! example uses (context, cross-entropy forward/backward, errors). Fortran arrays are column-major,
+! example uses (context, cross-entropy forward/backward and the step in one call, errors). Fortran arrays are column-major,
 ! so a C row-major n x d matrix is a Fortran array of shape (d, n).
 module tlse
   use, intrinsic :: iso_c_binding
@@ -60,6 +60,15 @@ module tlse
         targets, lse, vocab_order, dloss, de, dc, dbias, options) bind(c, name="tlse_cross_entropy_backward")
       import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
       type(c_ptr), value :: context, stream, e, c, bias, targets, lse, vocab_order, dloss, de, dc, dbias
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: n, v, d
+      type(tlse_cross_entropy_options), intent(in) :: options
+    end function
+
+    integer(c_int) function tlse_cross_entropy_with_gradients(context, device, stream, dtype, n, v, d, e, c, bias, &
+        targets, dloss, loss, de, dc, dbias, options) bind(c, name="tlse_cross_entropy_with_gradients")
+      import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
+      type(c_ptr), value :: context, stream, e, c, bias, targets, dloss, loss, de, dc, dbias
       integer(c_int), value :: device, dtype
       integer(c_int64_t), value :: n, v, d
       type(tlse_cross_entropy_options), intent(in) :: options
