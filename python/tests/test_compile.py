@@ -1,8 +1,9 @@
 """torch.library custom ops and torch.compile (torch >= 2.4; skipped on older torch, e.g. Debian's
-1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the four ops
-(schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes), and a
-small model using both losses compiled with fullgraph=True (no graph break), whose loss and
-gradients match the eager model's. On CPU, and on CUDA where the library and torch have it.
+1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the five ops
+(schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes), a small
+model using both losses compiled with fullgraph=True (no graph break), whose loss and gradients
+match the eager model's, and the cross-entropy's step in one call (fused_step) compiled against
+the eager forward and backward. On CPU, and on CUDA where the library and torch have it.
 """
 import copy
 import math
@@ -46,6 +47,21 @@ def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_backward.default,
                           (e.detach(), c.detach(), bias, targets, lse.detach(), order, torch.ones_like(loss).detach(),
                            *options, True, False, True))
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction, with_bias", [(2, True), (1, False)], ids=["mean-bias", "sum"])
+def test_opcheck_cross_entropy_with_gradients(device, dtype, reduction, with_bias):
+    n, v, d = 11, 37, 8
+    e, c = randn(n, d, device=device, dtype=dtype), randn(v, d, device=device, dtype=dtype, seed=1)
+    bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
+    targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
+    targets[::4] = -100
+    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0)  # ..., filter_eps, memory_budget (0: the default)
+    torch.library.opcheck(torch.ops.tiledlse.cross_entropy_with_gradients.default,
+                          (e, c, bias, targets, *options, True, True, with_bias))
 
 
 @needs_custom_ops
@@ -109,3 +125,28 @@ def test_model_compiles_fullgraph(device, dynamic):
         for (name, p), q in zip(model.named_parameters(), compiled_model.parameters()):
             err = (p.grad - q.grad).abs().max().item()
             assert err <= 1e-5 * (1 + p.grad.abs().max().item()), "%s: gradient differs by %g" % (name, err)
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("upstream", [1.0, 2.5], ids=["loss.backward", "scaled"])
+def test_fused_step_compiles_fullgraph(device, upstream):
+    """The step in one call in a compiled graph (its kept gradients always multiplied there) against
+    the eager forward and backward pair."""
+    def loss_of(e, c, targets, fused_step):
+        hidden = torch.tanh(e)
+        return upstream * tiledlse.linear_cross_entropy(hidden, c, targets, softcap=20.0, shift=1, filter_eps=None,
+                                                        fused_step=fused_step)
+    compiled = torch.compile(loss_of, fullgraph=True)
+    g = torch.Generator().manual_seed(4)
+    for batch, length in ((3, 17), (5, 9)):
+        e, c = randn(batch, length, 24, device=device, seed=batch), randn(97, 24, device=device, seed=7)
+        targets = torch.randint(0, 97, (batch, length), generator=g).to(device)
+        expected = loss_of(e, c, targets, False)
+        expected_grads = torch.autograd.grad(expected, (e, c))
+        got = compiled(e, c, targets, True)
+        grads = torch.autograd.grad(got, (e, c))
+        assert abs(got.item() - expected.item()) <= 1e-5 * (1 + abs(expected.item()))
+        for name, p, q in zip(("e", "c"), expected_grads, grads):
+            err = (p - q).abs().max().item()
+            assert err <= 1e-5 * (1 + p.abs().max().item()), "%s: gradient differs by %g" % (name, err)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledlse
-from tiledlse import _library
+from tiledlse import _calls, _library
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 LOSS_RTOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 2e-5, torch.float16: 2e-5}
@@ -317,3 +317,136 @@ def test_inputs_used_in_place():
     first = tiledlse.linear_cross_entropy(e, c, t).item()
     c.mul_(2)
     assert tiledlse.linear_cross_entropy(e, c, t).item() != first
+
+
+# ---- The training step in one call (fused_step): gradients computed in the forward, kept -------
+
+
+def calls_made(run):
+    """Runs `run()` and returns the names of the library calls it made, in order: which path ran."""
+    names = ("cross_entropy_forward", "cross_entropy_backward", "cross_entropy_with_gradients")
+    originals = {name: getattr(_calls, name) for name in names}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            made.append(name)
+            return originals[name](*args, **kwargs)
+        return call
+
+    made = []
+    for name in names:
+        setattr(_calls, name, spy(name))
+    try:
+        run()
+    finally:
+        for name in names:
+            setattr(_calls, name, originals[name])
+    return made
+
+
+STEP = ["cross_entropy_with_gradients"]
+PAIR = ["cross_entropy_forward", "cross_entropy_backward"]
+
+
+def step_inputs(dtype, device, bias_grad=False):
+    e = rand(N, D, dtype=dtype, device=device, seed=11, scale=1.0).requires_grad_()
+    c = rand(V, D, dtype=dtype, device=device, seed=12, scale=1.0).requires_grad_()
+    bias = rand(V, dtype=dtype, device=device, seed=13).requires_grad_(bias_grad)
+    targets = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(14))
+    targets[::4] = -100
+    return e, c, bias, targets.to(device)
+
+
+def loss_and_grads(e, c, bias, targets, upstream=1.0, **kwargs):
+    """(loss, its gradients for each of e, c, bias that requires one, the library calls made by
+    the forward and the backward). The backward runs again (retain_graph): the same gradients."""
+    out = {}
+    leaves = [x for x in (e, c, bias) if x is not None and x.requires_grad]
+
+    def run():
+        loss = out["loss"] = tiledlse.linear_cross_entropy(e, c, targets, bias=bias, **kwargs)
+        if leaves:
+            out["root"] = loss if upstream == 1.0 and loss.dim() == 0 else (loss * upstream).sum()
+            out["grads"] = torch.autograd.grad(out["root"], leaves, retain_graph=True)
+    made = calls_made(run)
+    if leaves:
+        again = torch.autograd.grad(out["root"], leaves)
+        assert all(torch.equal(a, b) for a, b in zip(again, out["grads"]))
+    return out["loss"], out.get("grads", ()), made
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [1.0, 0.37], ids=["loss.backward", "scaled"])
+def test_fused_step_matches_forward_backward(device, dtype, reduction, upstream):
+    e, c, bias, targets = step_inputs(dtype, device)
+    kwargs = dict(softcap=5.0, z_loss=1e-3, reduction=reduction, filter_eps=None, upstream=upstream)
+    loss, grads, made = loss_and_grads(e, c, bias, targets, **kwargs)  # auto: the step (bias needs no gradient)
+    ref_loss, ref_grads, ref_made = loss_and_grads(e, c, bias, targets, fused_step=False, **kwargs)
+    assert made == STEP and ref_made == PAIR
+    assert loss.dtype == ref_loss.dtype and loss.shape == ()
+    close(loss, ref_loss, LOSS_RTOL[dtype], "loss")
+    for name, got, ref in zip(("dE", "dC"), grads, ref_grads):
+        assert got.dtype == dtype and got.device == e.device
+        close(got, ref, GRAD_RTOL[dtype], name)
+    assert grads[0][targets == -100].abs().max().item() == 0.0  # ignored rows get no gradient
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_step_with_the_gradient_filter(device):
+    """Filtered gradients: the step's backward half sorts no vocabulary; within the filter's bound."""
+    e, c, _, targets = step_inputs(torch.float32, device)
+    _, grads, made = loss_and_grads(e, c, None, targets, fused_step=True)
+    _, exact, _ = loss_and_grads(e, c, None, targets, fused_step=False, filter_eps=None)
+    assert made == STEP
+    for name, got, ref in zip(("dE", "dC"), grads, exact):
+        close(got, ref, 2 * GRAD_RTOL[torch.float32], name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_step_auto_falls_back(device):
+    e, c, bias, targets = step_inputs(torch.float32, device, bias_grad=True)
+    # A bias gradient: the forward and the backward (auto); True makes the step compute it too.
+    loss, grads, made = loss_and_grads(e, c, bias, targets, filter_eps=None)
+    step_loss, step_grads, step_made = loss_and_grads(e, c, bias, targets, filter_eps=None, fused_step=True)
+    assert made == PAIR and step_made == STEP and len(grads) == len(step_grads) == 3
+    close(step_loss, loss, LOSS_RTOL[torch.float32], "loss")
+    for name, got, ref in zip(("dE", "dC", "dbias"), step_grads, grads):
+        close(got, ref, GRAD_RTOL[torch.float32], name)
+    # Per-row losses, the LSE, no gradient needed: the pair, or the forward alone.
+    assert loss_and_grads(e, c, None, targets, reduction="none", upstream=0.5)[2] == PAIR
+    assert calls_made(lambda: tiledlse.linear_cross_entropy(e, c, targets, return_lse=True)[0].backward()) == PAIR
+    with torch.no_grad():
+        assert calls_made(lambda: tiledlse.linear_cross_entropy(e, c, targets)) == ["cross_entropy_forward"]
+    assert loss_and_grads(e.detach(), c.detach(), None, targets)[2] == ["cross_entropy_forward"]
+    assert loss_and_grads(e, c, None, targets, fused_step=False)[2] == PAIR
+    # One of e and c: the step computes only its gradient.
+    loss, grads, made = loss_and_grads(e.detach(), c, bias.detach(), targets)
+    assert made == STEP and len(grads) == 1 and grads[0].shape == c.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"fused_step": True, "reduction": "none"}, ValueError, "'fused_step' is True, but .* per-row losses"),
+        ({"fused_step": True, "return_lse": True}, ValueError, r"'fused_step' is True, but .* the LSE"),
+        ({"fused_step": "yes"}, TypeError, "'fused_step' must be None, True or False"),
+    ],
+)
+def test_fused_step_bad_input(kwargs, error, pattern):
+    e, c, targets = ce_inputs()
+    with pytest.raises(error, match=pattern):
+        tiledlse.linear_cross_entropy(e.requires_grad_(), c, targets, **kwargs)
+
+
+def test_fused_step_gradcheck_and_no_double_backward():
+    e = rand(2, 5, 4, dtype=torch.float64, device="cpu", scale=1.0).requires_grad_()
+    c = rand(7, 4, dtype=torch.float64, device="cpu", seed=1, scale=1.0).requires_grad_()
+    targets = torch.tensor([[1, 6, -100, 0, 3], [2, 2, 5, -100, 4]])
+    for kwargs in ({}, {"softcap": 2.0, "z_loss": 0.1, "shift": 1}, {"reduction": "sum"}):
+        fn = lambda e, c: tiledlse.linear_cross_entropy(e, c, targets, filter_eps=None, fused_step=True, **kwargs)
+        assert torch.autograd.gradcheck(fn, (e, c)), kwargs
+    de, = torch.autograd.grad(tiledlse.linear_cross_entropy(e, c, targets), e, create_graph=True)
+    with pytest.raises(RuntimeError):  # as the forward and backward pair: the gradient has no graph
+        de.sum().backward()

@@ -86,6 +86,18 @@ def _cross_entropy_options(config):
     return options
 
 
+def _loss_tensor(e, config):
+    """The loss to be written: one per row of e with reduction "none", else 0-d."""
+    shape = (e.shape[0],) if config.reduction == L.REDUCTIONS["none"] else ()
+    return torch.empty(shape, dtype=acc_dtype(e.dtype), device=e.device)
+
+
+def _gradient_tensors(e, c, bias, needs):
+    """(dE, dC, dbias) to be written; None where `needs` (or a missing bias) says not computed."""
+    return (torch.empty_like(e) if needs[0] else None, torch.empty_like(c) if needs[1] else None,
+            torch.empty_like(bias) if bias is not None and needs[2] else None)
+
+
 def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
     """(loss, lse, vocabulary order) of e (N, D), c (V, D); the order is (V) int32 when
     want_order, else empty. With `comm` (a distributed._Communicator), c and bias are this
@@ -93,11 +105,10 @@ def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
     ctx, device, stream = launch("e", e)
     n, d = e.shape
     v = c.shape[0]
-    acc = acc_dtype(e.dtype)
     dtype = DTYPES[e.dtype]
     options = _cross_entropy_options(config)
-    loss = torch.empty((n,) if config.reduction == L.REDUCTIONS["none"] else (), dtype=acc, device=e.device)
-    lse = torch.empty((n,), dtype=acc, device=e.device)
+    loss = _loss_tensor(e, config)
+    lse = torch.empty((n,), dtype=loss.dtype, device=e.device)
     order = torch.empty((v if want_order else 0,), dtype=torch.int32, device=e.device)
     if comm is None:
         workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
@@ -119,9 +130,7 @@ def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs
     dtype = DTYPES[e.dtype]
     options = _cross_entropy_options(config)
     dloss = dloss.to(lse.dtype).contiguous()
-    de = torch.empty_like(e) if needs[0] else None
-    dc = torch.empty_like(c) if needs[1] else None
-    dbias = torch.empty_like(bias) if bias is not None and needs[2] else None
+    de, dc, dbias = _gradient_tensors(e, c, bias, needs)
     order = order if order is not None and order.numel() else None
     if comm is None:
         workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
@@ -134,6 +143,35 @@ def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs
                   _ptr(bias), _ptr(targets), _ptr(lse), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
                   ctypes.byref(options))
     return de, dc, dbias
+
+
+def cross_entropy_with_gradients(e, c, bias, targets, config, needs):
+    """(loss, dE, dC, dbias) in one call, the gradients those of the loss's sum (dloss = 1 for
+    each entry), kept for the backward (times_upstream); `needs` as for cross_entropy_backward."""
+    ctx, device, stream = launch("e", e)
+    n, d = e.shape
+    v = c.shape[0]
+    dtype = DTYPES[e.dtype]
+    options = _cross_entropy_options(config)
+    loss = _loss_tensor(e, config)
+    dloss = torch.ones_like(loss)
+    de, dc, dbias = _gradient_tensors(e, c, bias, needs)
+    workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream, dtype,
+                                n, v, d)  # must live through the call below
+    L.call("tlse_cross_entropy_with_gradients", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
+           _ptr(targets), _ptr(dloss), _ptr(loss), _ptr(de), _ptr(dc), _ptr(dbias), ctypes.byref(options))
+    return loss, de, dc, dbias
+
+
+def times_upstream(grad_loss, gradients):
+    """The gradients cross_entropy_with_gradients kept (None for one not computed) times the
+    upstream gradient of the reduced loss, `grad_loss` (0-d). When the backward starts at the loss
+    (loss.backward()) that is 1, and they are returned as they are, with no pass over dE and dC,
+    as Liger-Kernel does; reading the value waits for the tensor's CUDA stream. A graph being
+    traced (torch.compile) holds no values (its tensors are subclasses): it always multiplies."""
+    if type(grad_loss) is torch.Tensor and bool(grad_loss == 1):
+        return tuple(gradients)
+    return tuple(None if g is None else g * grad_loss for g in gradients)
 
 
 def scale_value(scale):

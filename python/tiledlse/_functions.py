@@ -65,7 +65,7 @@ def _filter_eps(filter_eps):
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
-                         return_lse=False, filter_eps="auto", z_loss=0.0, memory_budget=None):
+                         return_lse=False, filter_eps="auto", z_loss=0.0, memory_budget=None, fused_step=None):
     """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets`` without forming them.
 
     e: (..., D) embeddings; c: (V, D) classifier, same dtype and device (float32, float64,
@@ -78,18 +78,43 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     memory_budget: bytes of workspace a call may use, each picking the fastest algorithm that
     fits (None: the library's default, 256 MiB; docs/options.md). Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
     e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
+    fused_step: compute the gradients in the forward, in one call with the loss (on Hopper GPUs,
+    bf16, within a large memory_budget: 3 matrix products instead of 4), and keep them until the
+    backward. None (auto): when gradients of e or c will be needed, the reduction is "mean" or
+    "sum", bias needs no gradient and return_lse is False; True: whenever gradients will be
+    needed (a bias gradient too); False: never (the forward, then the backward). docs/python.md.
     """
     e2, targets, config, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
                                                                  reduction, shift, filter_eps, z_loss, memory_budget)
+    grad = torch.is_grad_enabled()
+    needs = (grad and e.requires_grad, grad and c.requires_grad, grad and bias is not None and bias.requires_grad)
+    if _fused_step(fused_step, needs, reduction, return_lse):  # a reduced loss without LSE: nothing to reshape
+        if CUSTOM_OPS:
+            return torch.ops.tiledlse.cross_entropy_with_gradients(e2, c, bias, targets, *config, *needs)[0]
+        return _LinearCrossEntropyStep.apply(e2, c, bias, targets, config, needs)
     # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
     # classes; it costs a host sort of V entries, worth it only when filtering and training.
-    want_order = config.filter_eps != 0 and torch.is_grad_enabled() and (e.requires_grad or c.requires_grad)
+    want_order = config.filter_eps != 0 and (needs[0] or needs[1])
     if CUSTOM_OPS:
         loss, lse, _order = torch.ops.tiledlse.cross_entropy_forward(e2, c, bias, targets, *config, want_order)
         lse = lse.detach()  # as the autograd.Function path: the LSE carries no gradient
     else:
         loss, lse = _LinearCrossEntropy.apply(e2, c, bias, targets, config, want_order)
     return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
+
+
+def _fused_step(fused_step, needs, reduction, return_lse):
+    """Whether linear_cross_entropy runs the training step in one call; `needs`: which of e, c
+    and bias need a gradient."""
+    if fused_step is None:
+        return (needs[0] or needs[1]) and not needs[2] and reduction != "none" and not return_lse
+    if not isinstance(fused_step, bool):
+        raise TypeError("argument 'fused_step' must be None, True or False, got %r" % (fused_step,))
+    if fused_step and (reduction == "none" or return_lse):
+        raise ValueError("argument 'fused_step' is True, but the step in one call cannot give %s" % (
+            "the LSE (return_lse=True)" if return_lse else
+            "per-row losses (reduction='none'): their upstream gradients are known only in the backward"))
+    return fused_step and any(needs)
 
 
 def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss,
@@ -159,6 +184,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         de, dc, dbias = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, grad_loss, ctx.config,
                                                       ctx.needs_input_grad[:3], ctx.comm)
         return de, dc, dbias, None, None, None, None
+
+
+class _LinearCrossEntropyStep(torch.autograd.Function):
+    """The training step in one call: the forward computes the gradients (of the loss, for an
+    upstream gradient of 1) with the loss and keeps them; the backward scales them."""
+
+    @staticmethod
+    def forward(ctx, e, c, bias, targets, config, needs):
+        loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, config, needs)
+        ctx.save_for_backward(*grads)
+        return loss
+
+    @staticmethod
+    @once_differentiable  # the gradients were computed in the forward: nothing to differentiate them with
+    def backward(ctx, grad_loss):
+        return (*_calls.times_upstream(grad_loss, ctx.saved_tensors), None, None, None)
 
 
 class _ContrastiveLoss(torch.autograd.Function):

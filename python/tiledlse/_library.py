@@ -136,6 +136,11 @@ _signatures = {
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
          ctypes.POINTER(CrossEntropyOptions)],
     ),
+    "tlse_cross_entropy_with_gradients": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+         ctypes.POINTER(CrossEntropyOptions)],
+    ),
     "tlse_contrastive_workspace_bytes": (
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, ctypes.POINTER(ContrastiveOptions),

@@ -1,17 +1,20 @@
 """The losses as torch.library custom ops (torch >= 2.4), so that torch.compile traces them into
 its graph (fullgraph=True works) instead of breaking the graph at a ctypes call.
 
-Four ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
-tiledlse::cross_entropy_backward, tiledlse::contrastive_forward and tiledlse::contrastive_backward.
-Each has a fake implementation (output shapes and dtypes only, for FakeTensor tracing and
-dynamic shapes), and each forward op has its autograd formula, which calls the backward op: the
-backward is traced too. The backward ops have no formula of their own: double backward is not
-supported (as with the autograd.Function path of older torch). Options are plain numbers.
+Five ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
+tiledlse::cross_entropy_backward, tiledlse::cross_entropy_with_gradients (the training step in
+one call), tiledlse::contrastive_forward and tiledlse::contrastive_backward. Each has a fake
+implementation (output shapes and dtypes only, for FakeTensor tracing and dynamic shapes), and
+each forward op has its autograd formula, which calls the backward op (the step's scales the
+gradients it kept): the backward is traced too. The backward ops have no formula of their own,
+and the step's is once differentiable: double backward is not supported (as with the
+autograd.Function path of older torch). Options are plain numbers.
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _calls
 from . import _library as L
@@ -49,15 +52,24 @@ def cross_entropy_backward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets
     config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
     grads = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config,
                                           (need_e, need_c, need_bias))
+    return _present(e, grads)
+
+
+def _present(e, grads):
+    """The gradients with an empty tensor for each one not computed (an op returns tensors)."""
     return tuple(g if g is not None else e.new_empty((0,)) for g in grads)
+
+
+def _fake_gradients(e, c, bias, need_e, need_c, need_bias):
+    return (torch.empty_like(e) if need_e else e.new_empty((0,)),
+            torch.empty_like(c) if need_c else e.new_empty((0,)),
+            torch.empty_like(bias) if bias is not None and need_bias else e.new_empty((0,)))
 
 
 @cross_entropy_backward.register_fake
 def _(e, c, bias, targets, lse, order, dloss, ignore_index, reduction, shift, softcap, z_loss, filter_eps,
       memory_budget, need_e, need_c, need_bias):
-    return (torch.empty_like(e) if need_e else e.new_empty((0,)),
-            torch.empty_like(c) if need_c else e.new_empty((0,)),
-            torch.empty_like(bias) if bias is not None and need_bias else e.new_empty((0,)))
+    return _fake_gradients(e, c, bias, need_e, need_c, need_bias)
 
 
 def _cross_entropy_setup(ctx, inputs, output):
@@ -77,6 +89,43 @@ def _cross_entropy_gradient(ctx, grad_loss, _grad_lse, _grad_order):
 
 
 cross_entropy_forward.register_autograd(_cross_entropy_gradient, setup_context=_cross_entropy_setup)
+
+
+@torch.library.custom_op("tiledlse::cross_entropy_with_gradients", mutates_args=())
+def cross_entropy_with_gradients(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, ignore_index: int,
+                                 reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
+                                 memory_budget: int, need_e: bool, need_c: bool,
+                                 need_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss, dE, dC, dbias), the gradients those of the loss's sum, each not asked for empty;
+    see _calls.cross_entropy_with_gradients."""
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
+    loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, config, (need_e, need_c, need_bias))
+    return (loss, *_present(e, grads))
+
+
+@cross_entropy_with_gradients.register_fake
+def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, need_e,
+      need_c, need_bias):
+    loss = e.new_empty((e.shape[0],) if reduction == _NONE else (), dtype=_calls.acc_dtype(e.dtype))
+    return (loss, *_fake_gradients(e, c, bias, need_e, need_c, need_bias))
+
+
+def _step_setup(ctx, inputs, output):
+    *_, need_e, need_c, need_bias = inputs
+    _loss, *grads = output
+    ctx.save_for_backward(*grads)
+    ctx.computed = (need_e, need_c, inputs[2] is not None and need_bias)
+
+
+@once_differentiable  # the gradients were computed in the forward: nothing to differentiate them with
+def _step_gradient(ctx, grad_loss, _grad_de, _grad_dc, _grad_dbias):
+    # Outputs of the op, they would lead a double backward back into it (to a silent 0): detached,
+    # it fails instead, as the forward and backward pair does.
+    kept = [g.detach() if computed else None for g, computed in zip(ctx.saved_tensors, ctx.computed)]
+    return (*_calls.times_upstream(grad_loss, kept), *(None,) * 11)
+
+
+cross_entropy_with_gradients.register_autograd(_step_gradient, setup_context=_step_setup)
 
 
 @torch.library.custom_op("tiledlse::contrastive_forward", mutates_args=())
