@@ -1,5 +1,6 @@
 // Entry points and helpers that belong to no kernel family: errors, the device check, the launch
 // shape model.
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -48,14 +49,11 @@ int check_operand(const char* call, const char* name, const void* data, int64_t 
   return TLSE_HOP_OK;
 }
 
-int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead,
-                    int64_t min_splits) {
+int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead) {
   int64_t limit = max_splits < units ? max_splits : units;
   if (limit < 1) limit = 1;
-  if (min_splits > limit) min_splits = limit;
-  if (min_splits < 1) min_splits = 1;
-  int64_t best = min_splits, best_cost = INT64_MAX;
-  for (int64_t s = min_splits; s <= limit; ++s) {
+  int64_t best = 1, best_cost = INT64_MAX;
+  for (int64_t s = 1; s <= limit; ++s) {
     const int64_t waves = (blocks_per_split * s + sms - 1) / sms;
     const int64_t cost = waves * ((units + s - 1) / s + overhead);
     if (cost < best_cost) best_cost = cost, best = s;
@@ -66,11 +64,30 @@ int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits,
 /// Bytes of L2 the row panels of the CTAs running together may take.
 constexpr int64_t L2_PANEL_BUDGET = int64_t(24) << 20;
 
+/// K steps a sweep unit costs beyond its tiles' (its row state written, the next unit's first
+/// stages loaded): about the pipeline's depth.
+constexpr int64_t SWEEP_UNIT_OVERHEAD_STEPS = STAGES;
+
 int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes) {
   const int sms = multiprocessors();
   const int64_t panel = int64_t(TILE_M) * depth * element_bytes;
-  const int64_t min_splits = (int64_t(sms) * panel + L2_PANEL_BUDGET - 1) / L2_PANEL_BUDGET;
-  return balanced_splits(row_units, col_tiles, max_splits, sms, 1, min_splits);
+  int64_t min_splits = (int64_t(sms) * panel + L2_PANEL_BUDGET - 1) / L2_PANEL_BUDGET;
+  const int64_t limit = std::max<int64_t>(1, std::min(max_splits, col_tiles));
+  min_splits = std::clamp<int64_t>(min_splits, 1, limit);
+  // Cost in K steps, of the split counts as they come out once a split holds whole tiles (6
+  // splits of 20 tiles are 5 of 4): a unit's overhead weighs a fraction of a tile, not a whole one
+  // as balanced_splits counts it. For the cross-entropy gradient panel (64 row tiles x 20 column
+  // tiles of 64 steps) that is 10 splits of 2 tiles in 5 waves, where the tile count took 5 of 4
+  // in 3 waves: 12 tile times instead of 10.
+  const int64_t tile_steps = (depth * element_bytes + 127) / 128;  // 128 bytes of depth per step
+  int64_t best = 0, best_cost = INT64_MAX;
+  for (int64_t s = min_splits; s <= limit; ++s) {
+    const int64_t per = (col_tiles + s - 1) / s, splits = (col_tiles + per - 1) / per;
+    const int64_t waves = (row_units * splits + sms - 1) / sms;
+    const int64_t cost = waves * (per * tile_steps + SWEEP_UNIT_OVERHEAD_STEPS);
+    if (cost < best_cost) best_cost = cost, best = splits;
+  }
+  return int(best);
 }
 
 }  // namespace tlse::hopper

@@ -27,15 +27,15 @@ int check_operand(const char* call, const char* name, const void* data, int64_t 
 
 /// Number of splits s in [1, max_splits] of `units` work units for a launch of blocks_per_split x s
 /// persistent CTAs' work on `sms` SMs (one CTA each): minimizes waves(s) x (ceil(units / s) + overhead),
-/// the launch's time when a unit costs its tiles plus a fixed overhead. Ties go to fewer splits.
-/// At least min_splits (clamped to the range).
-int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead = 1,
-                    int64_t min_splits = 1);
+/// the launch's time when a unit costs 1 and a split `overhead` more. Ties go to fewer splits.
+int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead);
 
 /// Column splits of a sweep over col_tiles column tiles by `row_units` row units (a unit re-reads
 /// its row panel, TILE_M x depth elements of element_bytes, for every column tile): at least
 /// enough that the panels of the CTAs running together fit L2_PANEL_BUDGET (units are numbered
-/// split-fastest, so the CTAs of one wave share sms / splits panels), then the full last wave.
+/// split-fastest, so the CTAs of one wave share sms / splits panels), then the fewest K steps on
+/// the busiest SM (waves x the unit's steps and overhead). The count returned splits col_tiles
+/// into equal whole-tile ranges (the last one shorter).
 int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes);
 
 /// Launches the kernel over the schedule's units on `stream`; 0 or a TLSE_HOP_E_LAUNCH failure.

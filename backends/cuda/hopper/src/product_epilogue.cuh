@@ -70,11 +70,15 @@ struct ProductEpilogue {
   }
 
   __device__ void begin_row(const Fragment&, const WorkUnit&, int) {}
-  /// Before tile (m, n)'s products: the output tile an accumulating epilogue will read is
+  /// Whether the tile is added to an fp32 output in place: by fire-and-forget reductions, no
+  /// read of the old values (see tile).
+  __device__ bool reduces_in_place() const { return p.out_f32 && p.accumulate && !p.partials; }
+
+  /// Before tile (m, n)'s products: the output tile a bf16 accumulating epilogue will read is
   /// brought into L2 (two consumer threads per row, 128-byte lines), so that its reads after the
   /// products wait on L2 rather than on HBM, where every CTA's epilogue lands at once.
   __device__ void prefetch(const WorkUnit&, int m, int n) {
-    if (!p.accumulate || p.partials) return;
+    if (!p.accumulate || p.partials || reduces_in_place()) return;
     const int64_t row = int64_t(m) * TILE_M + ct / 2;
     const int64_t n0 = int64_t(n) * TILE_N + (ct % 2) * (TILE_N / 2);
     if (row >= p.M || n0 >= p.N) return;
@@ -94,6 +98,28 @@ struct ProductEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t m0 = int64_t(m) * TILE_M, n0 = int64_t(n) * TILE_N;
+    if (reduces_in_place()) {
+      // out_f32 += acc as red.global.add: the L2 adds, the consumers go straight back to the
+      // tensor cores instead of waiting for the old values (every CTA's epilogue lands on memory
+      // at once, and a read there idled the tensor cores for as long as 36 K steps per tile).
+      // Deterministic: each element takes exactly one addition per launch (K splits write
+      // partials instead), and old + acc is the same fp32 sum as the read-add-store it replaces.
+#pragma unroll
+      for (int r = 0; r < Fragment::ROWS; ++r) {
+        const int64_t row = m0 + c.row(r);
+        if (row >= p.M) continue;
+        float* out_row = p.out_f32 + row * p.ldo;
+#pragma unroll
+        for (int j = 0; j < Fragment::COLS; j += 2) {
+          const int64_t col = n0 + c.col(j);
+          if (col >= p.N) continue;
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(out_row + col), "f"(Fragment::at(acc, r, j)),
+                       "f"(Fragment::at(acc, r, j + 1))
+                       : "memory");
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < Fragment::ROWS; ++r) {
       const int64_t row = m0 + c.row(r);
