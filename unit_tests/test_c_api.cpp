@@ -3,7 +3,8 @@
 // against). Each call fails with a status and a message naming the argument and the values, and
 // leaves every output as it was. CI also runs these under ASan and UBSan (scripts/sanitize.sh),
 // where some of the bugs were undefined behaviour only. Last, the training step in one call
-// (tlse_cross_entropy_with_gradients) against the forward and the backward, and its checks.
+// (tlse_cross_entropy_with_gradients) against the forward and the backward, and its checks, and
+// the query of whether it runs fused (tlse_cross_entropy_step_fused).
 #include <gtest/gtest.h>
 #include <tlse.h>
 
@@ -301,6 +302,39 @@ TEST(CApiTrainingStep, BadInputFailsBeforeAnyWrite) {
   ce.options.workspace_bytes = need;
   EXPECT_EQ(ce.step(ce.dloss.data(), ce.loss.data(), ce.dE.data()), TLSE_SUCCESS) << tlse_last_error();
   EXPECT_FALSE(ce.untouched());
+}
+
+TEST(CApiTrainingStep, StepFusedQuery) {
+  tlse_cross_entropy_options options;
+  tlse_cross_entropy_options_default(&options);
+  const auto query = [&](tlse_dtype dtype, int want_dbias, int* fused, std::int64_t n = N,
+                         tlse_device device = TLSE_DEVICE_HOST, tlse_context* ctx = context()) {
+    return tlse_cross_entropy_step_fused(ctx, device, nullptr, dtype, n, V, D, &options, want_dbias, fused);
+  };
+  // The host backend has no fused step: always the forward then the backward, whatever the
+  // budget (here one that would hold every row's logits many times over).
+  options.memory_budget = std::uint64_t(1) << 40;
+  for (tlse_dtype dtype : {TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16})
+    for (int want_dbias : {0, 1}) {
+      int fused = -1;
+      EXPECT_EQ(query(dtype, want_dbias, &fused), TLSE_SUCCESS) << tlse_last_error();
+      EXPECT_EQ(fused, 0) << "dtype " << dtype << ", want_dbias " << want_dbias;
+    }
+  int fused = -1;  // NULL options: the defaults
+  EXPECT_EQ(tlse_cross_entropy_step_fused(context(), TLSE_DEVICE_HOST, nullptr, TLSE_BF16, N, V, D, nullptr, 0, &fused),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  EXPECT_EQ(fused, 0);
+  // Bad arguments fail naming them, and leave *fused as it was.
+  fused = -1;
+  expect_invalid(query(TLSE_BF16, 0, nullptr), {"tlse_cross_entropy_step_fused: argument 'fused' is NULL"});
+  expect_invalid(query(TLSE_BF16, 0, &fused, -1), {"tlse_cross_entropy_step_fused: argument 'n' must be >= 0, got -1"});
+  expect_invalid(query(static_cast<tlse_dtype>(9), 0, &fused), {"argument 'dtype' is 9"});
+  expect_invalid(query(TLSE_BF16, 0, &fused, N, static_cast<tlse_device>(5)), {"argument 'device' is 5"});
+  expect_invalid(query(TLSE_BF16, 0, &fused, N, TLSE_DEVICE_HOST, nullptr), {"argument 'context' is NULL"});
+  options.reduction = 7;
+  expect_invalid(query(TLSE_BF16, 0, &fused), {"argument 'options.reduction' is 7"});
+  EXPECT_EQ(fused, -1);
 }
 
 }  // namespace

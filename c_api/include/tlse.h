@@ -133,6 +133,16 @@ TLSE_API tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, t
                                                         tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
                                                         const tlse_cross_entropy_options* options, size_t* bytes);
 
+/* Sets *fused to 1 when tlse_cross_entropy_with_gradients will run the step fused for these
+ * sizes and options (a Hopper GPU, bf16, want_dbias 0, an options.memory_budget that holds the
+ * logits of a chunk of rows: 3 matrix products instead of 4), else to 0 (it runs the forward and
+ * the backward; always on TLSE_DEVICE_HOST). want_dbias: nonzero when the call will get a dbias.
+ * Lets a caller compute the gradients with the loss only where that pays. */
+TLSE_API tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_device device, void* stream,
+                                                   tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
+                                                   const tlse_cross_entropy_options* options, int want_dbias,
+                                                   int* fused);
+
 /* E: n x d, C: v x d (dtype); bias: v (dtype) or NULL; targets: n (int64).
  * Outputs: loss: n (TLSE_REDUCTION_NONE) or 1 (acc type); lse: n or NULL (acc type; the backward
  * needs it); vocab_order: v or NULL (int32; lets the backward skip unlikely classes).

@@ -41,6 +41,17 @@ std::size_t cross_entropy_workspace(const Launch& l, const CrossEntropyArgs& a) 
 }
 
 template <class T>
+bool cross_entropy_step_fuses(const Launch& l, const CrossEntropyArgs& a, bool want_dbias) {
+  bool fuses = false;
+  on_exec(l, [&](const auto& exec) {
+    using Exec = std::decay_t<decltype(exec)>;
+    fuses = tlse::cross_entropy_step_fuses(exec, Matrix<const T, Exec>(nullptr, a.n, a.d),
+                                           Matrix<const T, Exec>(nullptr, a.v, a.d), a.options, want_dbias);
+  });
+  return fuses;
+}
+
+template <class T>
 void cross_entropy_forward(const Launch& l, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
   on_exec(l, [&](const auto& exec) {
@@ -162,6 +173,7 @@ void contrastive_backward_distributed(const Launch& l, const Callbacks& cb, cons
 /// namespace tlse::capi.
 #define TLSE_CAPI_CROSS_ENTROPY(T)                                                                          \
   template std::size_t cross_entropy_workspace<T>(const Launch&, const CrossEntropyArgs&);     \
+  template bool cross_entropy_step_fuses<T>(const Launch&, const CrossEntropyArgs&, bool);              \
   template void cross_entropy_forward<T>(const Launch&, const CrossEntropyArgs&);              \
   template void cross_entropy_backward<T>(const Launch&, const CrossEntropyArgs&);                      \
   template void cross_entropy_with_gradients<T>(const Launch&, const CrossEntropyArgs&);                \

@@ -70,6 +70,8 @@ struct ContrastiveArgs {
 template <class T>
 std::size_t cross_entropy_workspace(const Launch&, const CrossEntropyArgs&);
 template <class T>
+bool cross_entropy_step_fuses(const Launch&, const CrossEntropyArgs&, bool want_dbias);
+template <class T>
 void cross_entropy_forward(const Launch&, const CrossEntropyArgs&);
 template <class T>
 void cross_entropy_backward(const Launch&, const CrossEntropyArgs&);

@@ -648,6 +648,21 @@ tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_devic
   });
 }
 
+tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                          int64_t n, int64_t v, int64_t d, const tlse_cross_entropy_options* options,
+                                          int want_dbias, int* fused) {
+  static const char* fn = "tlse_cross_entropy_step_fused";
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    if (!fused) invalid(fn, "fused", "is NULL");
+    const auto a = cross_entropy_args(fn, n, v, d, options);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) {
+      *fused = tlse::capi::cross_entropy_step_fuses<decltype(tag)>(launch, a, want_dbias != 0) ? 1 : 0;
+    });
+  });
+}
+
 tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                        int64_t n, int64_t v, int64_t d, const void* E, const void* C,
                                        const void* bias, const int64_t* targets, void* loss, void* lse,

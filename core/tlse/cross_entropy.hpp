@@ -41,6 +41,21 @@ double resolved_filter_eps(const CrossEntropyOptions& o) {
   return o.filter_eps == filter_eps_auto ? storage_epsilon<T>() / 32 : o.filter_eps;
 }
 
+/// The shape a backend's backward or step plans for: E (N x D) against C (V x D) under `o`.
+template <class EV, class CV>
+BackwardShape cross_entropy_shape(const EV& E, const CV& C, const CrossEntropyOptions& o) {
+  return {index_t(E.extent(0)), index_t(C.extent(0)), index_t(E.extent(1)), o.precision, o.memory_budget};
+}
+
+/// Scratch of cross_entropy_with_gradients' fused step, 0 when the step runs as the forward then
+/// the backward: the one decision that the call takes and cross_entropy_step_fuses reports.
+template <class Exec, class EV, class CV>
+std::size_t fused_step_scratch_bytes(const Exec& exec, const EV& E, const CV& C, const CrossEntropyOptions& o,
+                                     bool want_dbias) {
+  if (want_dbias) return 0;  // the backends' steps compute no bias gradient
+  return step_scratch_bytes<scalar_of<EV>>(exec, cross_entropy_shape(E, C, o));
+}
+
 /// Everything forward and backward share: checked shapes, the problem, and the active rows.
 template <class Exec, class EV, class CV, class BiasV, class TargetV>
 struct CrossEntropyCall {
@@ -188,7 +203,7 @@ struct CrossEntropyCall {
 
   /// The scored rows of E (through `active` unless every row is scored) against C, visited in
   /// `vocab_order` when given.
-  BackwardShape backward_shape() const { return {N, V, index_t(E.extent(1)), o.precision, o.memory_budget}; }
+  BackwardShape backward_shape() const { return cross_entropy_shape(E, C, o); }
 
   TileProblem<T, Acc> problem(const int* active, const int* position, const int* vocab_order) const {
     auto p = make_problem<T, Acc>(E, C, 1.0, o.precision);
@@ -314,15 +329,35 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
                                           const CrossEntropyOptions& opts = {}) {
   using T = impl::scalar_of<EV>;
   using Acc = accumulator_t<T>;
-  const impl::index_t N = E.extent(0), V = C.extent(0), D = E.extent(1);
+  const impl::index_t N = E.extent(0), V = C.extent(0);
   impl::WorkspaceCarver forward, backward;
   impl::CrossEntropyForwardArrays<Acc>::carve(forward, exec, N, V, true);
-  const impl::BackwardShape shape{N, V, D, opts.precision, opts.memory_budget};
+  const impl::BackwardShape shape = impl::cross_entropy_shape(E, C, opts);
   impl::CrossEntropyBackwardArrays<Acc>::carve(backward, N, impl::backward_scratch_bytes<T>(exec, shape));
   const std::size_t step_scratch = impl::step_scratch_bytes<T>(exec, shape);
   impl::WorkspaceCarver step;
   if (step_scratch > 0) impl::CrossEntropyStepArrays<Acc>::carve(step, exec, N, V, step_scratch);
   return std::max({forward.bytes(), backward.bytes(), step.bytes()});
+}
+
+/// Whether cross_entropy_with_gradients runs the training step fused (one backend call: the
+/// forward's logits become the gradient, 3 matrix products instead of 4) for these shapes and
+/// options, rather than as cross_entropy then cross_entropy_backward. It lets a caller decide
+/// beforehand whether computing the gradients with the loss pays (e.g. an autograd forward that
+/// would otherwise hold them until a backward that may never run). Today: a Hopper GPU, bf16,
+/// no dbias, and an opts.memory_budget that holds the logits of a chunk of rows; never on the host.
+/// The call itself may still run the pair for reasons only its data shows: every row ignored, or
+/// operands a backend cannot take (e.g. not 16-byte aligned).
+/// \param exec execution space instance the call will run on
+/// \param E (N x D) embeddings (only the extents are read)
+/// \param C (V x D) classifier (only the extents are read)
+/// \param opts the options the call will get (memory_budget and precision matter)
+/// \param want_dbias whether the call will be given a non-empty dbias
+/// \return true when the step runs fused
+template <class Exec, class EV, class CV>
+bool cross_entropy_step_fuses(const Exec& exec, const EV& E, const CV& C, const CrossEntropyOptions& opts,
+                              bool want_dbias) {
+  return impl::fused_step_scratch_bytes(exec, E, C, opts, want_dbias) > 0;
 }
 
 /// Forward. E: (N x D) embeddings, C: (V x D) classifier, row-major, same scalar type T;
@@ -481,7 +516,7 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 /// docs/performance.md), the forward's logits are kept and become the gradient: 3 products
 /// instead of the 4 of the two calls. That path computes every softmax entry (no gradient
 /// filtering, as with filter_eps = 0); otherwise the two calls run as documented, in the natural
-/// vocabulary order.
+/// vocabulary order. cross_entropy_step_fuses tells beforehand which of the two will run.
 /// \param exec execution space instance
 /// \param E, C, bias, targets as for cross_entropy
 /// \param dloss gradient with respect to the loss, shaped like the loss (1 for the mean loss of a
@@ -519,9 +554,9 @@ void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, co
                                   std::to_string(need) + " (cross_entropy_workspace_bytes)");
   }
 
-  const std::size_t step_scratch = impl::step_scratch_bytes<T>(exec, call.backward_shape());
+  const std::size_t step_scratch = impl::fused_step_scratch_bytes(exec, E, C, opts, want_dbias);
   bool done = false;
-  if (step_scratch > 0 && !want_dbias && call.active_count > 0) {
+  if (step_scratch > 0 && call.active_count > 0) {
     Kokkos::Profiling::pushRegion("tlse::cross_entropy_with_gradients");
     using Arrays = impl::CrossEntropyStepArrays<Acc>;
     impl::with_workspace(

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledlse
-from tiledlse import _calls, _library
+from tiledlse import _calls, _functions, _library
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 LOSS_RTOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 2e-5, torch.float16: 2e-5}
@@ -382,7 +382,7 @@ def loss_and_grads(e, c, bias, targets, upstream=1.0, **kwargs):
 def test_fused_step_matches_forward_backward(device, dtype, reduction, upstream):
     e, c, bias, targets = step_inputs(dtype, device)
     kwargs = dict(softcap=5.0, z_loss=1e-3, reduction=reduction, filter_eps=None, upstream=upstream)
-    loss, grads, made = loss_and_grads(e, c, bias, targets, **kwargs)  # auto: the step (bias needs no gradient)
+    loss, grads, made = loss_and_grads(e, c, bias, targets, fused_step=True, **kwargs)
     ref_loss, ref_grads, ref_made = loss_and_grads(e, c, bias, targets, fused_step=False, **kwargs)
     assert made == STEP and ref_made == PAIR
     assert loss.dtype == ref_loss.dtype and loss.shape == ()
@@ -422,8 +422,49 @@ def test_fused_step_auto_falls_back(device):
     assert loss_and_grads(e.detach(), c.detach(), None, targets)[2] == ["cross_entropy_forward"]
     assert loss_and_grads(e, c, None, targets, fused_step=False)[2] == PAIR
     # One of e and c: the step computes only its gradient.
-    loss, grads, made = loss_and_grads(e.detach(), c, bias.detach(), targets)
+    loss, grads, made = loss_and_grads(e.detach(), c, bias.detach(), targets, fused_step=True)
     assert made == STEP and len(grads) == 1 and grads[0].shape == c.shape
+
+
+def library_answers(fused, run):
+    """Runs `run()` with _calls.step_fuses answering `fused` (as the library on a Hopper GPU with a
+    large memory_budget would); returns the (N, V, D, need_bias) of each question asked."""
+    original, asked = _calls.step_fuses, []
+
+    def answer(e, c, config, need_bias):
+        asked.append((e.shape[0], c.shape[0], e.shape[1], need_bias))
+        return fused
+    _calls.step_fuses = answer
+    try:
+        run()
+    finally:
+        _calls.step_fuses = original
+    return asked
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_step_auto_asks_the_library(device):
+    """Auto takes the step only where the library runs it fused: never on CPU (the pair, with no
+    gradients computed in the forward); fused_step=True still forces it."""
+    e, c, bias, targets = step_inputs(torch.bfloat16, device)
+    for budget in (None, 1 << 40):  # the default, and one that holds every row's logits
+        config = _functions._cross_entropy_arguments(e, c, targets, bias, -100, None, "mean", 0, "auto", 0.0,
+                                                     budget)[2]
+        fuses = _calls.step_fuses(e, c, config, False)
+        assert not (fuses and device == "cpu")
+        assert loss_and_grads(e, c, bias, targets, memory_budget=budget)[2] == (STEP if fuses else PAIR), budget
+        assert loss_and_grads(e, c, bias, targets, memory_budget=budget, fused_step=True)[2] == STEP
+    # Where the library says fused, auto takes the step, asking once with the call's shapes and
+    # whether bias needs a gradient; where it says not, the pair.
+    for fused, expected in ((True, STEP), (False, PAIR)):
+        made = []
+        asked = library_answers(fused, lambda: made.extend(loss_and_grads(e, c, bias, targets)[2]))
+        assert made == expected and asked == [(N, V, D, False)], (fused, made, asked)
+    asked = library_answers(False, lambda: loss_and_grads(e, c, bias.detach().requires_grad_(), targets))
+    assert asked == [(N, V, D, True)]
+    # No question where the step cannot be taken anyway.
+    assert library_answers(True, lambda: loss_and_grads(e, c, bias, targets, reduction="none", upstream=0.5)) == []
+    assert library_answers(True, lambda: loss_and_grads(e.detach(), c.detach(), bias, targets)) == []
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,16 @@ def _gradient_tensors(e, c, bias, needs):
             torch.empty_like(bias) if bias is not None and needs[2] else None)
 
 
+def step_fuses(e, c, config, need_bias):
+    """Whether tlse_cross_entropy_with_gradients runs the step fused (3 products instead of the
+    pair's 4) for e (N, D), c (V, D) on their device under `config`; need_bias: dbias asked for."""
+    ctx, device, stream = launch("e", e)
+    fused = ctypes.c_int(0)
+    L.call("tlse_cross_entropy_step_fused", ctx, device, stream, DTYPES[e.dtype], e.shape[0], c.shape[0], e.shape[1],
+           ctypes.byref(_cross_entropy_options(config)), int(need_bias), ctypes.byref(fused))
+    return bool(fused.value)
+
+
 def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
     """(loss, lse, vocabulary order) of e (N, D), c (V, D); the order is (V) int32 when
     want_order, else empty. With `comm` (a distributed._Communicator), c and bias are this

@@ -80,15 +80,18 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
     fused_step: compute the gradients in the forward, in one call with the loss (on Hopper GPUs,
     bf16, within a large memory_budget: 3 matrix products instead of 4), and keep them until the
-    backward. None (auto): when gradients of e or c will be needed, the reduction is "mean" or
-    "sum", bias needs no gradient and return_lse is False; True: whenever gradients will be
-    needed (a bias gradient too); False: never (the forward, then the backward). docs/python.md.
+    backward. None (auto): when the step runs fused there (a Hopper GPU and a memory_budget that
+    holds the logits of a chunk of rows; the library is asked), gradients of e or c will be
+    needed, bias needs none, the reduction is "mean" or "sum" and return_lse is False, outside
+    torch.compile; True: whenever gradients will be needed (a bias gradient too); False: never
+    (the forward, then the backward). docs/python.md.
     """
     e2, targets, config, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
                                                                  reduction, shift, filter_eps, z_loss, memory_budget)
     grad = torch.is_grad_enabled()
     needs = (grad and e.requires_grad, grad and c.requires_grad, grad and bias is not None and bias.requires_grad)
-    if _fused_step(fused_step, needs, reduction, return_lse):  # a reduced loss without LSE: nothing to reshape
+    # The step gives a reduced loss without LSE: nothing to reshape.
+    if _fused_step(fused_step, needs, reduction, return_lse, e2, c, config):
         if CUSTOM_OPS:
             return torch.ops.tiledlse.cross_entropy_with_gradients(e2, c, bias, targets, *config, *needs)[0]
         return _LinearCrossEntropyStep.apply(e2, c, bias, targets, config, needs)
@@ -103,11 +106,16 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
 
 
-def _fused_step(fused_step, needs, reduction, return_lse):
+def _fused_step(fused_step, needs, reduction, return_lse, e, c, config):
     """Whether linear_cross_entropy runs the training step in one call; `needs`: which of e, c
     and bias need a gradient."""
     if fused_step is None:
-        return (needs[0] or needs[1]) and not needs[2] and reduction != "none" and not return_lse
+        # Only where the library runs it fused: elsewhere it is the pair inside one call, with no
+        # time saved, and gradients held from the forward (wasted if no backward runs). A graph
+        # being traced takes the pair: the answer depends on the shapes, which may be symbolic
+        # there, and a call into the library cannot be put in the graph.
+        return ((needs[0] or needs[1]) and reduction != "none" and not return_lse and not _tracing()
+                and _calls.step_fuses(e, c, config, needs[2]))
     if not isinstance(fused_step, bool):
         raise TypeError("argument 'fused_step' must be None, True or False, got %r" % (fused_step,))
     if fused_step and (reduction == "none" or return_lse):
@@ -115,6 +123,12 @@ def _fused_step(fused_step, needs, reduction, return_lse):
             "the LSE (return_lse=True)" if return_lse else
             "per-row losses (reduction='none'): their upstream gradients are known only in the backward"))
     return fused_step and any(needs)
+
+
+def _tracing():
+    """Whether torch.compile is tracing this call (torch >= 2.3; torch.compile folds it to a constant)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
 
 
 def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss,

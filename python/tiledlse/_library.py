@@ -126,6 +126,11 @@ _signatures = {
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, ctypes.POINTER(CrossEntropyOptions),
          ctypes.POINTER(ctypes.c_size_t)],
     ),
+    "tlse_cross_entropy_step_fused": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, ctypes.POINTER(CrossEntropyOptions), ctypes.c_int,
+         ctypes.POINTER(ctypes.c_int)],
+    ),
     "tlse_cross_entropy_forward": (
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p,
