@@ -26,7 +26,6 @@ ProductShape product_shape(int64_t M, int64_t N, int64_t K, int64_t k_step, int6
 template <class Input, bool TransposedA>
 int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, TransposedA, true>;
-  using Epilogue = ProductEpilogue<Input>;
   ProductShape shape = product_shape(a.M, a.N, a.K, Config::BK, a.max_k_splits, multiprocessors());
   const size_t partial_bytes = size_t(a.M) * size_t(a.N) * sizeof(float);
   if (shape.k_splits > 1 && a.workspace_bytes < partial_bytes * size_t(shape.k_splits)) {
@@ -38,19 +37,23 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   }
   a.k_splits = shape.k_splits;
 
-  KernelParams<Config, Epilogue> kp;
-  kp.mainloop = {Config::tma_a(a.a, a.M, a.K, a.lda), Config::tma_b(a.b, a.N, a.K, a.ldb), int32_t(a.M), int32_t(a.N),
-                 int32_t(a.K)};
-  kp.schedule = TileSchedule::make(int(shape.m_tiles), int(shape.n_tiles), int(shape.k_tiles), 1, 1, shape.k_per_split,
-                                   PRODUCT_M_GROUP);
-  auto& e = kp.epilogue;
+  const MainloopParams<Config> mainloop = {Config::tma_a(a.a, a.M, a.K, a.lda), Config::tma_b(a.b, a.N, a.K, a.ldb),
+                                           int32_t(a.M), int32_t(a.N), int32_t(a.K)};
+  const TileSchedule schedule = TileSchedule::make(int(shape.m_tiles), int(shape.n_tiles), int(shape.k_tiles), 1, 1,
+                                                   shape.k_per_split, PRODUCT_M_GROUP);
+  ProductParams<Input> e;
   e.M = a.M, e.N = a.N;
   e.mask = a.mask, e.mask_ld = a.mask_ld, e.mask_of_a_transposed = a.mask_of_a_transposed != 0;
   e.k_step = Config::BK;
   e.out_f32 = a.out_f32, e.out = static_cast<Input*>(a.out), e.out_index = a.out_index, e.ldo = a.ldo;
   e.accumulate = a.accumulate != 0;
   e.partials = shape.k_splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
-  if (int err = launch("tlse_hop_product", kp, stream)) return err;
+  const auto launch_with = [&](auto in_place_f32) {
+    const KernelParams<Config, ProductEpilogue<Input, decltype(in_place_f32)::value>> kp{mainloop, schedule, e};
+    return launch("tlse_hop_product", kp, stream);
+  };
+  const bool in_place_f32 = e.out_f32 && e.accumulate && !e.partials;
+  if (int err = in_place_f32 ? launch_with(std::true_type{}) : launch_with(std::false_type{})) return err;
   if (shape.k_splits == 1) return TLSE_HOP_OK;
   const int64_t pairs = a.M * a.N / 2;
   const int blocks = int(std::min<int64_t>((pairs + 255) / 256, int64_t(multiprocessors()) * 8));

@@ -87,7 +87,11 @@ struct FusedBackwardPlan {
   /// What an output tile of dA += G B_panel costs besides its K steps, in K steps: the fp32
   /// accumulator's read and write and the tile's pipeline start. Measured on the H200
   /// (2026-11-23, N=8192 D=4096 V=128256, panels of 5376): 80 us per tile against 0.67 us per K
-  /// step in the long products of the training step, so about 36 steps.
+  /// step in the long products of the training step, so about 36 steps. Since the epilogue adds
+  /// with red.global (2026-11-24) the same panel measures about 6 (0.549 ms for 8 waves of 80
+  /// steps at dB's 0.8 us per step); with 6 the model picks narrower panels at some budgets
+  /// (V=256000 at 256 MiB: 7424 instead of 8960), not measured yet, so the widths stay those
+  /// measured with 36.
   static constexpr std::int64_t ACCUMULATE_STEPS = 36;
   /// A launch's start and drain, in K steps (a few microseconds per kernel).
   static constexpr std::int64_t LAUNCH_STEPS = 8;
