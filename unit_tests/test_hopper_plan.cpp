@@ -60,11 +60,55 @@ TEST(HopperPlan, PanelWhoseOutputTilesFillTheWaves) {
   EXPECT_LE(FusedBackwardPlan::with_panel(8192, 128256, 4096, 5376, H200_SMS).bytes, 256 * MiB);
 }
 
-TEST(HopperPlan, BudgetBelowOneTileColumnDoesNotFit) {
-  // The accumulator alone (65536 x 512 floats) is 128 MiB.
-  const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 128 * MiB, H200_SMS);
+TEST(HopperPlan, BudgetWithoutTheAccumulatorTakesTwoPasses) {
+  struct Case {
+    std::int64_t rows, cols, depth;
+    std::size_t budget;
+  };
+  // The contrastive accumulator alone (65536 x 512 floats) is 128 MiB, the cross-entropy one
+  // (8192 x 4096) too; 700 x 520 floats are 1.4 MiB.
+  for (const Case c : {Case{65536, 65536, 512, 128 * MiB}, Case{8192, 128256, 4096, 128 * MiB},
+                       Case{8192, 128256, 4096, 40 * MiB}, Case{700, 1500, 520, MiB}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " x " + std::to_string(c.depth) + ", " +
+                 std::to_string(c.budget) + " bytes");
+    const FusedBackwardPlan p = FusedBackwardPlan::make(c.rows, c.cols, c.depth, c.budget, H200_SMS);
+    ASSERT_TRUE(p.fits);
+    EXPECT_TRUE(p.two_passes());
+    EXPECT_LE(p.bytes, c.budget);
+    EXPECT_TRUE(p.row_panel == c.rows || p.row_panel % FusedBackwardPlan::TILE_M == 0) << p.row_panel;
+    EXPECT_LE(p.row_panel, FusedBackwardPlan::MAX_ROW_PANEL);
+    EXPECT_EQ(p.ldg_rows % 8, 0);
+    EXPECT_GE(p.ldg_rows, c.cols);
+    EXPECT_EQ(p.k_splits_rows, 1);  // no accumulator product
+    // The two passes carve from the same base: the plan takes the larger.
+    tlse::impl::WorkspaceCarver columns;
+    p.carve(columns);
+    EXPECT_EQ(p.bytes, std::max(columns.bytes(), p.row_panel_bytes()));
+    // No row panel that fits under the same column panel costs less.
+    for (std::int64_t h = FusedBackwardPlan::TILE_M; h <= std::min(c.rows, FusedBackwardPlan::MAX_ROW_PANEL);
+         h += FusedBackwardPlan::TILE_M) {
+      for (bool split : {true, false}) {
+        const auto other = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth, p.panel, H200_SMS, h, split);
+        if (other.bytes <= c.budget) {
+          EXPECT_GE(other.two_pass_cost(H200_SMS), p.two_pass_cost(H200_SMS)) << h;
+        }
+      }
+    }
+    // The scratch sized for the budget gives the same plan back.
+    const FusedBackwardPlan again = FusedBackwardPlan::make(c.rows, c.cols, c.depth, p.bytes, H200_SMS);
+    EXPECT_EQ(again.panel, p.panel);
+    EXPECT_EQ(again.row_panel, p.row_panel);
+    EXPECT_EQ(again.bytes, p.bytes);
+  }
+  // Where the accumulator fits, the fused plan.
+  EXPECT_FALSE(FusedBackwardPlan::make(8192, 128256, 4096, 192 * MiB, H200_SMS).two_passes());
+}
+
+TEST(HopperPlan, BudgetBelowTheTwoPassesDoesNotFit) {
+  // One row panel of 128 rows against 128256 columns is 31 MiB of G alone.
+  const FusedBackwardPlan p = FusedBackwardPlan::make(8192, 128256, 4096, 16 * MiB, H200_SMS);
   EXPECT_FALSE(p.fits);
-  EXPECT_GT(p.bytes, 128 * MiB);
+  EXPECT_GT(p.bytes, 16 * MiB);
 }
 
 TEST(HopperPlan, SplitsOnlyProductsWithFewerTilesThanSMs) {

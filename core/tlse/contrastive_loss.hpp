@@ -70,7 +70,8 @@ struct ContrastiveCore {
     a.g_row = c.take<Acc>(b);
     a.g_col = c.take<Acc>(want_col ? b : 0);
     a.total = c.take<Acc>(1);
-    a.partials = c.take<Acc>(forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
+    // The forward's split LSE partials (about 32 MiB at b = 65536 on an H100): the backward has none.
+    a.partials = c.take<Acc>(backward ? 0 : forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
     const BackwardShape shape{b, b, depth, o.precision, o.memory_budget};
     a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, shape) : 0;
     a.scratch = c.take<char>(index_t(a.scratch_bytes));

@@ -1,6 +1,6 @@
 #pragma once
-// The fused backward on the Hopper kernels (plan: hopper_backward_plan.hpp). Per panel of
-// columns, in order:
+// The backward on the Hopper kernels (plan: hopper_backward_plan.hpp). Per panel of columns, in
+// order:
 //   1. tlse_hop_gradient recomputes the panel's tiles (every row) into G = scale * dL/dx (bf16),
 //      the per-tile filtering mask, the row sums of dL/dz * dot (dscale) and the column sums of
 //      dL/dz (dbias);
@@ -8,9 +8,13 @@
 //      gradient rows of the panel's columns (through the column index), or added into the dA
 //      accumulator for the self-similarity form, whose columns are its rows;
 //   3. acc += G B_panel (fp32, rows x depth).
-// Then dA = acc (+ dA with accumulate). The steps run in a fixed order with fixed-order sums:
-// bitwise reproducible. Filtered tiles are neither stored nor multiplied. Columns visited through
-// an index (the vocabulary order) are gathered per panel, since TMA reads contiguous rows.
+// Then dA = acc (+ dA with accumulate). Under a budget without room for the accumulator, step 3
+// gives way to a pass of its own (plan.two_passes()), run first: per panel of rows,
+// tlse_hop_gradient recomputes the panel's rows against every column into G and dA_panel = G B
+// is complete (the self-similarity form's step 2 then adds onto it in T). The steps run in
+// a fixed order with fixed-order sums: bitwise reproducible. Filtered tiles are neither stored
+// nor multiplied. Columns visited through an index (the vocabulary order) are gathered per panel,
+// since TMA reads contiguous rows.
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
 #include <tlse/backends/cuda/hopper_forward.hpp>
@@ -50,6 +54,12 @@ __global__ void column_sums_kernel(const float* col_sums, index_t row_tiles, ind
   out = from_acc<T>(accumulate ? to_acc<float>(out) + v : v);
 }
 
+/// ids[i] = i: the rows' ids for a row panel's gradient sweep, whose rows start past row 0.
+__global__ void iota_kernel(int* ids, index_t n) {
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
+    ids[i] = int(i);
+}
+
 /// grad[i] = acc[i] (+ grad[i] with accumulate), rounded to T once.
 template <class T>
 __global__ void finish_rows_kernel(const float* acc, index_t n, T* grad, bool accumulate) {
@@ -62,7 +72,7 @@ inline unsigned grid_for(index_t work, int threads = 256) {
 }
 
 struct LseBackwardHopper {
-  /// The plan for a shape, when the fused backward takes it (bf16; the rows side is not split).
+  /// The plan for a shape, when the Hopper backward takes it (bf16; the rows side is not split).
   template <class T>
   static bool plan(int device, const BackwardShape& s, FusedBackwardPlan& out) {
     if (!std::is_same<T, bfloat16>::value || s.rows <= 0 || s.cols <= 0 || s.depth <= 0 || s.depth % 8 != 0)
@@ -79,27 +89,24 @@ struct LseBackwardHopper {
     if (!std::is_same<T, bfloat16>::value || r.scratch == nullptr || !hopper_side(prob.rows, prob.depth, true, rows) ||
         reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
       return false;
-    // The widest plan the scratch holds: the one scratch_bytes sized for the call's budget.
+    // The plan the scratch holds: the one scratch_bytes sized for the call's budget.
     const FusedBackwardPlan plan =
         FusedBackwardPlan::make(rows.count, prob.cols.count, prob.depth, r.scratch_bytes, multiprocessors(device));
     if (!plan.fits) return false;
-    const index_t D = prob.depth, R = rows.count;
-    WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
+    char* base = r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64;
+    WorkspaceCarver carver(base);
     const FusedBackwardPlan::Buffers buf = plan.carve(carver);
-    T* grad_rows = r.grad_rows;
+    const index_t R = rows.count, D = prob.depth;
     const bool self = r.cols_into_rows;
+    T* grad_rows = r.grad_rows;
     T* grad_cols = self ? nullptr : r.grad_cols;
     const bool want_rows = grad_rows != nullptr, want_cols = grad_cols != nullptr || (self && want_rows);
-    if (want_rows) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
-
-    tlse_hop_gradient_args g{};
-    g.dtype = TLSE_HOP_BF16;
-    g.rows = rows;
-    g.depth = D;
-    g.logit = hopper_logit(prob.logit);
-    g.row_terms = hopper_terms(r.row_terms);
-    g.col_terms = hopper_terms(r.col_terms);
-    g.filter_eps = float(r.filter_eps);
+    const bool rows_in_acc = want_rows && !plan.two_passes();
+    if (rows_in_acc) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
+    // Two passes: the row panels first, so that the self-similarity form's column products can
+    // add into the rows' gradient they leave (the workspace serves one pass, then the other).
+    if (want_rows && plan.two_passes()) row_panels<T>(stream, r, rows, plan, base);
+    tlse_hop_gradient_args g = gradient_args<T>(r, rows);
     g.G = want_rows || want_cols ? buf.G : nullptr;
     g.ldg = plan.ldg;
     g.tile_mask = buf.mask;
@@ -138,12 +145,16 @@ struct LseBackwardHopper {
         check_launch("column_sums_kernel");
       }
       if (want_cols) {  // dB_panel = G^T A
-        tlse_hop_product_args p = product(plan, buf, filtered ? mask_ld : 0, plan.k_splits_cols);
+        tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
+                                          buf.partials, plan.k_splits_cols);
         p.a_transposed = 1, p.mask_of_a_transposed = 1;
         p.b = rows.data, p.ldb = D;
         p.M = width, p.N = D, p.K = R;
-        if (self) {
+        if (self && rows_in_acc) {
           p.out_f32 = buf.acc + first * D;
+          p.accumulate = 1;
+        } else if (self) {  // two passes: onto the row panels' dA, rounded to T a second time
+          p.out = grad_rows + first * D;
           p.accumulate = 1;
         } else {
           p.out = prob.cols.index ? static_cast<void*>(grad_cols) : static_cast<void*>(grad_cols + first * D);
@@ -152,8 +163,9 @@ struct LseBackwardHopper {
         }
         check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
       }
-      if (want_rows) {  // acc += G B_panel
-        tlse_hop_product_args p = product(plan, buf, filtered ? mask_ld : 0, plan.k_splits_rows);
+      if (rows_in_acc) {  // acc += G B_panel
+        tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
+                                          buf.partials, plan.k_splits_rows);
         p.b = panel, p.ldb = D;
         p.M = R, p.N = D, p.K = width;
         p.out_f32 = buf.acc;
@@ -161,7 +173,7 @@ struct LseBackwardHopper {
         check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
       }
     }
-    if (want_rows) {
+    if (rows_in_acc) {
       finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.acc, R * D, grad_rows, r.accumulate);
       check_launch("finish_rows_kernel");
     }
@@ -171,18 +183,73 @@ struct LseBackwardHopper {
  private:
   static tlse_hop_terms hopper_terms(const SoftmaxTerms<float>& t) { return tlse_hop_terms{t.lse, t.g, t.target, t.w}; }
 
-  /// The arguments both products share: G as operand A, the panel's tile mask (mask_ld tiles a
-  /// row; 0: no filtering), the split partials.
-  static tlse_hop_product_args product(const FusedBackwardPlan& plan, const FusedBackwardPlan::Buffers& buf,
-                                       index_t mask_ld, int k_splits) {
+  template <class T>
+  static tlse_hop_gradient_args gradient_args(const BackwardRequest<T, float>& r, const tlse_hop_side& rows) {
+    tlse_hop_gradient_args g{};
+    g.dtype = TLSE_HOP_BF16;
+    g.rows = rows;
+    g.depth = r.prob.depth;
+    g.logit = hopper_logit(r.prob.logit);
+    g.row_terms = hopper_terms(r.row_terms);
+    g.col_terms = hopper_terms(r.col_terms);
+    g.filter_eps = float(r.filter_eps);
+    return g;
+  }
+
+  /// The row side of the two passes: per panel of rows, G = the panel's rows against every
+  /// column (the rows keep their ids, so the softmax terms, targets and masks read as in the
+  /// sweep of every row), then the panel's dA = G B, complete. The columns are read in place,
+  /// in id order even where the call gives a vocabulary order (which only groups the columns
+  /// the filter skips): dA is the same sum in another fixed order. Its workspace reuses the
+  /// column panels'.
+  template <class T>
+  static void row_panels(cudaStream_t stream, const BackwardRequest<T, float>& r, const tlse_hop_side& rows,
+                         const FusedBackwardPlan& plan, char* base) {
+    WorkspaceCarver carver(base);
+    const FusedBackwardPlan::RowPanelBuffers buf = plan.carve_row_panels(carver);
+    const index_t R = rows.count, C = r.prob.cols.count, D = r.prob.depth;
+    iota_kernel<<<grid_for(R), 256, 0, stream>>>(buf.ids, R);
+    check_launch("iota_kernel");
+    tlse_hop_gradient_args g = gradient_args<T>(r, rows);
+    g.cols = tlse_hop_side{r.prob.cols.data, D, C, nullptr, nullptr, 0};
+    g.col_begin = 0, g.col_end = C;
+    g.G = buf.G, g.ldg = plan.ldg_rows;
+    g.tile_mask = buf.mask;
+    g.max_col_splits = C;  // few row tiles: the columns are split to fill the device
+    const bool filtered = g.filter_eps > 0.f;
+    const auto* A = static_cast<const T*>(rows.data);
+    for (index_t first = 0; first < R; first += plan.row_panel) {
+      const index_t height = std::min(plan.row_panel, R - first);
+      g.rows.data = A + first * rows.ld;
+      g.rows.count = height;
+      g.rows.index = buf.ids + first;
+      g.rows.position = rows.position ? rows.position + first : nullptr;
+      check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient (row panel)");
+      tlse_hop_product_args p = product(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
+                                        (C + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N, buf.partials,
+                                        plan.k_splits_row_panel);
+      p.b = r.prob.cols.data, p.ldb = D;
+      p.M = height, p.N = D, p.K = C;
+      p.out = r.grad_rows + first * D;
+      p.accumulate = r.accumulate;
+      p.workspace_bytes = size_t(plan.k_splits_row_panel > 1 ? plan.k_splits_row_panel * plan.row_panel * D : 0) *
+                          sizeof(float);
+      check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (row panel)");
+    }
+  }
+
+  /// The arguments the products share: G as operand A, its tile mask (mask_ld tiles a row; NULL:
+  /// no filtering), the split partials.
+  static tlse_hop_product_args product(const FusedBackwardPlan& plan, const char* G, index_t ldg,
+                                       const unsigned char* mask, index_t mask_ld, float* partials, int k_splits) {
     tlse_hop_product_args p{};
     p.dtype = TLSE_HOP_BF16;
-    p.a = buf.G, p.lda = plan.ldg;
+    p.a = G, p.lda = ldg;
     p.b_transposed = 1;
-    p.mask = mask_ld > 0 ? buf.mask : nullptr;
-    p.mask_ld = mask_ld;
+    p.mask = mask;
+    p.mask_ld = mask ? mask_ld : 0;
     p.ldo = plan.depth;
-    p.workspace = buf.partials;
+    p.workspace = partials;
     p.workspace_bytes = size_t(plan.partial_floats()) * sizeof(float);
     p.max_k_splits = k_splits;
     return p;

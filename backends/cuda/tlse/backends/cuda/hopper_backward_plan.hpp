@@ -1,10 +1,13 @@
 #pragma once
-// How the fused backward on the Hopper kernels (hopper_backward.hpp) cuts a problem under a
-// memory budget. It walks the columns in panels; per panel it recomputes the tiles once into
+// How the backward on the Hopper kernels (hopper_backward.hpp) cuts a problem under a memory
+// budget. It walks the columns in panels; per panel it recomputes the tiles once into
 // G = scale * dL/dx (rows x panel, bf16) and multiplies G twice: dB_panel = G^T A is complete
 // (every row is in the panel), dA += G B_panel goes to an fp32 accumulator (rows x depth) summed
 // over the panels in order. 4 products per forward + backward step instead of 5, and among the
 // panels the budget allows the one a wave model of the two products (cost()) finds fastest.
+// Where the budget does not hold the accumulator, two passes on the same kernels (row_panel > 0):
+// panels of rows, each recomputed against every column, give their rows' dA complete, then the
+// column panels give dB without dA: 5 products, no accumulator.
 // Host arithmetic only, so that the host suite checks it.
 #include <algorithm>
 #include <cstddef>
@@ -26,12 +29,18 @@ struct FusedBackwardPlan {
   std::int64_t rows = 0, cols = 0, depth = 0;
   std::int64_t panel = 0, ldg = 0;           // panel width (a multiple of TILE_N unless it is every column)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G B_panel (K = panel) and dB = G^T A (K = rows)
+  /// 0: dA summed over the column panels in the accumulator. Otherwise the two passes: panels
+  /// of row_panel rows (a multiple of TILE_M, or every row) recomputed against every column into
+  /// G (row_panel x ldg_rows), dA_panel = G B; then the column panels without dA.
+  std::int64_t row_panel = 0, ldg_rows = 0;
+  int k_splits_row_panel = 1;                // of dA_panel = G B (K = cols)
   std::size_t bytes = 0;                     // workspace of the plan
   bool fits = false;                         // within the budget
 
   std::int64_t row_tiles() const { return (rows + TILE_M - 1) / TILE_M; }
   std::int64_t panel_tiles() const { return (panel + TILE_N - 1) / TILE_N; }
   std::int64_t panels() const { return panel > 0 ? (cols + panel - 1) / panel : 0; }
+  bool two_passes() const { return row_panel > 0; }
 
   /// K splits of a product with an M x N output over K: only when the output has fewer tiles than
   /// the device has SMs (a split's fp32 partial of the whole output costs memory that a better
@@ -43,8 +52,9 @@ struct FusedBackwardPlan {
     return balanced_splits(out_tiles, (K + K_STEP - 1) / K_STEP, MAX_K_SPLITS, sms, 2, 1);
   }
 
-  /// The arrays of the plan, carved in this order (the sizes are worst cases: every output wanted,
-  /// the columns visited through an index, so one plan serves every call of the shape).
+  /// The arrays of the column panels, carved in this order (the sizes are worst cases: every
+  /// output wanted, the columns visited through an index, so one plan serves every call of the
+  /// shape; the two passes take no accumulator).
   struct Buffers {
     float* acc;           // rows x depth: dA, summed over the panels
     char* G;              // rows x ldg bf16
@@ -56,7 +66,7 @@ struct FusedBackwardPlan {
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
-    b.acc = c.take<float>(rows * depth);
+    b.acc = c.take<float>(two_passes() ? 0 : rows * depth);
     b.G = c.take<char>(rows * ldg * ELEMENT);
     b.mask = c.take<unsigned char>(row_tiles() * panel_tiles());
     b.row_dot = c.take<float>(MAX_SWEEP_SPLITS * rows);
@@ -70,17 +80,44 @@ struct FusedBackwardPlan {
                                   k_splits_cols > 1 ? k_splits_cols * panel * depth : 0);
   }
 
-  /// The plan for `panel` columns per panel.
+  /// The arrays of the row panels (two passes), carved from the same base as the column
+  /// panels' (one pass after the other): the plan takes the larger of the two.
+  struct RowPanelBuffers {
+    char* G;              // row_panel x ldg_rows bf16
+    unsigned char* mask;  // row tiles of a panel x column tiles
+    int* ids;             // rows: 0, 1, ..., the rows' ids as the gradient kernel reads them
+    float* partials;      // dA_panel's K-split partials
+  };
+  RowPanelBuffers carve_row_panels(WorkspaceCarver& c) const {
+    RowPanelBuffers b;
+    b.G = c.take<char>(row_panel * ldg_rows * ELEMENT);
+    b.mask = c.take<unsigned char>((row_panel + TILE_M - 1) / TILE_M * ((cols + TILE_N - 1) / TILE_N));
+    b.ids = c.take<int>(rows);
+    b.partials = c.take<float>(k_splits_row_panel > 1 ? k_splits_row_panel * row_panel * depth : 0);
+    return b;
+  }
+  std::size_t row_panel_bytes() const {
+    WorkspaceCarver sizing;
+    carve_row_panels(sizing);
+    return sizing.bytes();
+  }
+
+  /// The plan for `panel` columns per panel; with row_panel > 0, the two passes with that many
+  /// rows per row panel, their products split (split) or not.
   static FusedBackwardPlan with_panel(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel,
-                                      int sms) {
+                                      int sms, std::int64_t row_panel = 0, bool split = true) {
     FusedBackwardPlan p;
-    p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel;
+    p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel, p.row_panel = row_panel;
     p.ldg = (panel + 7) / 8 * 8;
-    p.k_splits_rows = product_k_splits(rows, depth, panel, sms);
-    p.k_splits_cols = product_k_splits(panel, depth, rows, sms);
+    p.k_splits_rows = row_panel > 0 ? 1 : product_k_splits(rows, depth, panel, sms);
+    p.k_splits_cols = split ? product_k_splits(panel, depth, rows, sms) : 1;
+    if (row_panel > 0) {
+      p.ldg_rows = (cols + 7) / 8 * 8;
+      p.k_splits_row_panel = split ? product_k_splits(row_panel, depth, cols, sms) : 1;
+    }
     WorkspaceCarver sizing;
     p.carve(sizing);
-    p.bytes = sizing.bytes();
+    p.bytes = std::max(sizing.bytes(), row_panel > 0 ? p.row_panel_bytes() : 0);
     return p;
   }
 
@@ -123,26 +160,82 @@ struct FusedBackwardPlan {
     return full * panel_cost(panel) + (last > 0 ? panel_cost(last) : 0);
   }
 
+  /// The two passes' products in K steps of one CTA, as cost(): dB per column panel, dA per row
+  /// panel (the recomputing sweeps cost the same at any width and are left out).
+  std::int64_t two_pass_cost(int sms) const {
+    const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N;
+    const auto panels = [](std::int64_t n, std::int64_t width, auto&& one) {
+      const std::int64_t full = n / width, last = n - full * width;
+      return full * one(width) + (last > 0 ? one(last) : 0);
+    };
+    const std::int64_t columns = panels(cols, panel, [&](std::int64_t width) {
+      return product_steps((width + TILE_M - 1) / TILE_M * depth_tiles, (rows + K_STEP - 1) / K_STEP,
+                           std::min(k_splits_cols, product_k_splits(width, depth, rows, sms)), sms, 0) +
+             2 * LAUNCH_STEPS;
+    });
+    const std::int64_t row_side = panels(rows, row_panel, [&](std::int64_t height) {
+      return product_steps((height + TILE_M - 1) / TILE_M * depth_tiles, (cols + K_STEP - 1) / K_STEP,
+                           std::min(k_splits_row_panel, product_k_splits(height, depth, cols, sms)), sms, 0) +
+             2 * LAUNCH_STEPS;
+    });
+    return columns + row_side;
+  }
+
   /// The panel (up to MAX_PANEL) whose workspace fits `budget` and whose cost() is least, the
-  /// wider one on a tie; fits = false (and the narrowest plan) when not even one tile column fits.
+  /// wider one on a tie. Where no panel's accumulator fits, the two passes of least
+  /// two_pass_cost() that fit; fits = false (and the narrowest plan) when not even those do.
   static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
-    const std::int64_t widest =
-        std::min(MAX_PANEL, cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N);
+    const std::int64_t widest = widest_panel(cols);
     FusedBackwardPlan best;
     std::int64_t best_cost = 0;
-    for (std::int64_t panel = widest; panel > 0; panel = panel > TILE_N ? panel - TILE_N : 0) {
-      const std::int64_t width = std::min(panel, cols);
-      FusedBackwardPlan p = with_panel(rows, cols, depth, width, sms);
-      if (p.bytes > budget) {
-        if (panel <= TILE_N && !best.fits) return p;
-        continue;
-      }
+    for (std::int64_t panel = widest; panel > 0; panel = narrower(panel)) {
+      FusedBackwardPlan p = with_panel(rows, cols, depth, std::min(panel, cols), sms);
+      if (p.bytes > budget) continue;
       p.fits = true;
       const std::int64_t c = p.cost(sms);
       if (!best.fits || c < best_cost) best = p, best_cost = c;
     }
-    return best;
+    return best.fits ? best : make_two_passes(rows, cols, depth, budget, sms);
   }
+
+  /// The two passes: the column panel and the row panel are chosen apart (they share the
+  /// workspace one after the other), each the least costly that fits, split products first.
+  static FusedBackwardPlan make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
+                                           std::size_t budget, int sms) {
+    const std::int64_t tallest = std::min(MAX_ROW_PANEL, rows <= TILE_M ? rows : (rows + TILE_M - 1) / TILE_M * TILE_M);
+    FusedBackwardPlan best;
+    std::int64_t best_cost = 0;
+    for (bool split : {true, false}) {
+      // Columns first, with the narrowest row panel; then the row panel under that column panel.
+      FusedBackwardPlan columns;
+      for (std::int64_t panel = widest_panel(cols); panel > 0; panel = narrower(panel)) {
+        FusedBackwardPlan p = with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split);
+        if (p.bytes > budget) continue;
+        p.fits = true;
+        if (!columns.fits || p.two_pass_cost(sms) < columns.two_pass_cost(sms)) columns = p;
+      }
+      if (!columns.fits) continue;
+      for (std::int64_t height = tallest; height > 0; height = height > TILE_M ? height - TILE_M : 0) {
+        FusedBackwardPlan p = with_panel(rows, cols, depth, columns.panel, sms, std::min(height, rows), split);
+        if (p.bytes > budget) continue;
+        p.fits = true;
+        const std::int64_t c = p.two_pass_cost(sms);
+        if (!best.fits || c < best_cost) best = p, best_cost = c;
+      }
+      if (best.fits) return best;
+    }
+    return with_panel(rows, cols, depth, std::min(TILE_N, cols), sms);  // fits = false
+  }
+
+  /// Past this many rows a row panel's G (rows x every column) only takes memory: its product
+  /// (K = every column) fills the device from a few hundred rows.
+  static constexpr std::int64_t MAX_ROW_PANEL = 4096;
+
+ private:
+  static std::int64_t widest_panel(std::int64_t cols) {
+    return std::min(MAX_PANEL, cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N);
+  }
+  static std::int64_t narrower(std::int64_t panel) { return panel > TILE_N ? panel - TILE_N : 0; }
 };
 
 }  // namespace tlse::impl::cuda
