@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the cases of the Hopper issue (docs/gpu.md) timed with the
-# Hopper kernels (and with the mma.sync kernels: --with-mma, about 3 minutes more), the
-# cross-entropy under several memory budgets, and PyTorch's materialized baselines
-# (shared/bench/baselines.py, copied into the tree as perf_tests/baselines.py; it is git-ignored,
-# so the device call must carry it) on the same device. Writes one log line per run to
-# $OUT/gpu_hopper.log (or ./gpu_hopper.log) and prints a short table last. About 4 minutes.
+# Hopper kernels (and with the mma.sync kernels: --with-mma, about 3 minutes more), PyTorch's
+# materialized baselines (shared/bench/baselines.py, copied into the tree as
+# perf_tests/baselines.py; it is git-ignored, so the device call must carry it) and cuBLAS's GEMM
+# rate on the same device. Writes one log line per run to $OUT/gpu_hopper.log (or
+# ./gpu_hopper.log) and prints a short table last. About 5 minutes on an H100.
 #   perf_tests/run_gpu_hopper.sh [--quick] [--with-mma]   --quick: one case per loss, 3 iterations
+#   perf_tests/run_gpu_hopper.sh --budgets   only time against the memory budget (cross-entropy,
+#                                            contrastive): about 4 minutes
 #   perf_tests/run_gpu_hopper.sh --step   only the training step in one call (cross_entropy_with_gradients,
 #                                         tlse --training-step) at budgets that hold the logits, and
 #                                         PyTorch's cross-entropy baselines: about 5 minutes
+# (A device call runs at most 10 minutes: one mode per call.)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$root/scripts/carry_dir.sh"
 export LD_LIBRARY_PATH=$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:-.}/gpu_hopper.log
-iterations=10 quick=0 paths=hopper step=0
+iterations=10 quick=0 paths=hopper step=0 budgets=0
 for a in "$@"; do
   case $a in
     --quick) iterations=3 quick=1 ;;
     --with-mma) paths="hopper mma" ;;
     --step) step=1 paths= ;;
-    *) echo "usage: $0 [--quick] [--with-mma] | --step" >&2 && exit 2 ;;
+    --budgets) budgets=1 paths= ;;
+    *) echo "usage: $0 [--quick] [--with-mma] | --budgets | --step" >&2 && exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$log"
@@ -60,13 +64,21 @@ if [ $step = 1 ]; then
   grep -E "^== |TiledLSE|torch_materialized" "$log" | cut -c1-200
   exit 0
 fi
-# Time against the memory budget (the fused backward's panel width), cross-entropy bf16.
-for mib in 128 192 256 512 1024 2048; do
-  run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --memory-budget $mib
-done
-# The contrastive case under the issue's 128 MiB (the fused backward's fp32 accumulator alone takes
-# B x c x 4 bytes = 128 MiB, so the two-pass backward runs).
-run hopper contrastive --batch 65536 --dim 512 --dtype bf16 --memory-budget 128
+if [ $budgets = 1 ]; then
+  # Time against the memory budget (the fused backward's panel width; at 64 and 128 MiB its two
+  # passes, without the 128 MiB accumulator), cross-entropy bf16.
+  for mib in 64 128 192 256 512 1024 2048; do
+    run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --memory-budget $mib
+  done
+  # The contrastive case under the issue's 128 MiB (the fused backward's fp32 accumulator alone
+  # takes B x c x 4 bytes = 128 MiB, so its two passes run) and with room for a wider panel.
+  for mib in 128 384; do
+    run hopper contrastive --batch 65536 --dim 512 --dtype bf16 --memory-budget $mib
+  done
+  echo "== summary (ms)"
+  grep -E "^== |TiledLSE" "$log" | cut -c1-200
+  exit 0
+fi
 baselines
 echo "== cuBLAS bf16 GEMM rate (torch.matmul) at the forward shapes" | tee -a "$log"
 timeout 120 python3 "$root/perf_tests/gemm_rate.py" 2>&1 | tee -a "$log"
