@@ -28,18 +28,24 @@ def randn(*shape, device, dtype=torch.float32, seed=0, grad=True):
     return (torch.randn(*shape, generator=g, dtype=torch.float64) * 0.5).to(dtype).to(device).requires_grad_(grad)
 
 
-@needs_custom_ops
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("reduction, want_order, with_bias", [(2, False, True), (0, True, False)],
-                         ids=["mean-bias", "none-order"])
-def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
+def _cross_entropy_operands(device, dtype, with_bias, reduction):
+    """E (11 x 8), C (37 x 8), a bias or None, targets with ignored rows, and the ops' options."""
     n, v, d = 11, 37, 8
     e, c = randn(n, d, device=device, dtype=dtype), randn(v, d, device=device, dtype=dtype, seed=1)
     bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
     targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
     targets[::4] = -100
     options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0)  # ..., filter_eps, memory_budget (0: the default)
+    return e, c, bias, targets, options
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction, want_order, with_bias", [(2, False, True), (0, True, False)],
+                         ids=["mean-bias", "none-order"])
+def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
+    e, c, bias, targets, options = _cross_entropy_operands(device, dtype, with_bias, reduction)
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_forward.default,
                           (e, c, bias, targets, *options, want_order))
     loss, lse, order = torch.ops.tiledlse.cross_entropy_forward(e, c, bias, targets, *options, want_order)
@@ -54,12 +60,7 @@ def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction, with_bias", [(2, True), (1, False)], ids=["mean-bias", "sum"])
 def test_opcheck_cross_entropy_with_gradients(device, dtype, reduction, with_bias):
-    n, v, d = 11, 37, 8
-    e, c = randn(n, d, device=device, dtype=dtype), randn(v, d, device=device, dtype=dtype, seed=1)
-    bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
-    targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
-    targets[::4] = -100
-    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0)  # ..., filter_eps, memory_budget (0: the default)
+    e, c, bias, targets, options = _cross_entropy_operands(device, dtype, with_bias, reduction)
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_with_gradients.default,
                           (e, c, bias, targets, *options, True, True, with_bias))
 

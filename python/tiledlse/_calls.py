@@ -108,15 +108,18 @@ def step_fuses(e, c, config, need_bias):
     return bool(fused.value)
 
 
+def _cross_entropy_call(e, c, config):
+    """What every cross-entropy call starts from: the context, device and stream of e's device,
+    the sizes N, V, D, the dtype code and the options."""
+    ctx, device, stream = launch("e", e)
+    return ctx, device, stream, e.shape[0], c.shape[0], e.shape[1], DTYPES[e.dtype], _cross_entropy_options(config)
+
+
 def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
     """(loss, lse, vocabulary order) of e (N, D), c (V, D); the order is (V) int32 when
     want_order, else empty. With `comm` (a distributed._Communicator), c and bias are this
     rank's shard."""
-    ctx, device, stream = launch("e", e)
-    n, d = e.shape
-    v = c.shape[0]
-    dtype = DTYPES[e.dtype]
-    options = _cross_entropy_options(config)
+    ctx, device, stream, n, v, d, dtype, options = _cross_entropy_call(e, c, config)
     loss = _loss_tensor(e, config)
     lse = torch.empty((n,), dtype=loss.dtype, device=e.device)
     order = torch.empty((v if want_order else 0,), dtype=torch.int32, device=e.device)
@@ -134,11 +137,7 @@ def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
 def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs, comm=None):
     """(dE, dC, dbias) for the upstream gradient dloss; `needs` says which of the three to
     compute (the others are None). `order` is the forward's (empty: not sorted)."""
-    ctx, device, stream = launch("e", e)
-    n, d = e.shape
-    v = c.shape[0]
-    dtype = DTYPES[e.dtype]
-    options = _cross_entropy_options(config)
+    ctx, device, stream, n, v, d, dtype, options = _cross_entropy_call(e, c, config)
     dloss = dloss.to(lse.dtype).contiguous()
     de, dc, dbias = _gradient_tensors(e, c, bias, needs)
     order = order if order is not None and order.numel() else None
@@ -158,11 +157,7 @@ def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs
 def cross_entropy_with_gradients(e, c, bias, targets, config, needs):
     """(loss, dE, dC, dbias) in one call, the gradients those of the loss's sum (dloss = 1 for
     each entry), kept for the backward (times_upstream); `needs` as for cross_entropy_backward."""
-    ctx, device, stream = launch("e", e)
-    n, d = e.shape
-    v = c.shape[0]
-    dtype = DTYPES[e.dtype]
-    options = _cross_entropy_options(config)
+    ctx, device, stream, n, v, d, dtype, options = _cross_entropy_call(e, c, config)
     loss = _loss_tensor(e, config)
     dloss = torch.ones_like(loss)
     de, dc, dbias = _gradient_tensors(e, c, bias, needs)
