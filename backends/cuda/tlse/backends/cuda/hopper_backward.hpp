@@ -146,7 +146,7 @@ struct LseBackwardHopper {
       }
       if (want_cols) {  // dB_panel = G^T A
         tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
-                                          buf.partials, plan.k_splits_cols);
+                                          buf.partials, plan.partial_floats(), plan.k_splits_cols);
         p.a_transposed = 1, p.mask_of_a_transposed = 1;
         p.b = rows.data, p.ldb = D;
         p.M = width, p.N = D, p.K = R;
@@ -165,7 +165,7 @@ struct LseBackwardHopper {
       }
       if (rows_in_acc) {  // acc += G B_panel
         tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
-                                          buf.partials, plan.k_splits_rows);
+                                          buf.partials, plan.partial_floats(), plan.k_splits_rows);
         p.b = panel, p.ldb = D;
         p.M = R, p.N = D, p.K = width;
         p.out_f32 = buf.acc;
@@ -227,21 +227,20 @@ struct LseBackwardHopper {
       check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient (row panel)");
       tlse_hop_product_args p = product(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
                                         (C + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N, buf.partials,
-                                        plan.k_splits_row_panel);
+                                        plan.row_panel_partial_floats(), plan.k_splits_row_panel);
       p.b = r.prob.cols.data, p.ldb = D;
       p.M = height, p.N = D, p.K = C;
       p.out = r.grad_rows + first * D;
       p.accumulate = r.accumulate;
-      p.workspace_bytes = size_t(plan.k_splits_row_panel > 1 ? plan.k_splits_row_panel * plan.row_panel * D : 0) *
-                          sizeof(float);
       check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (row panel)");
     }
   }
 
   /// The arguments the products share: G as operand A, its tile mask (mask_ld tiles a row; NULL:
-  /// no filtering), the split partials.
+  /// no filtering), the split partials (partial_floats of them).
   static tlse_hop_product_args product(const FusedBackwardPlan& plan, const char* G, index_t ldg,
-                                       const unsigned char* mask, index_t mask_ld, float* partials, int k_splits) {
+                                       const unsigned char* mask, index_t mask_ld, float* partials,
+                                       std::int64_t partial_floats, int k_splits) {
     tlse_hop_product_args p{};
     p.dtype = TLSE_HOP_BF16;
     p.a = G, p.lda = ldg;
@@ -250,7 +249,7 @@ struct LseBackwardHopper {
     p.mask_ld = mask ? mask_ld : 0;
     p.ldo = plan.depth;
     p.workspace = partials;
-    p.workspace_bytes = size_t(plan.partial_floats()) * sizeof(float);
+    p.workspace_bytes = size_t(partial_floats) * sizeof(float);
     p.max_k_splits = k_splits;
     return p;
   }

@@ -93,8 +93,11 @@ struct FusedBackwardPlan {
     b.G = c.take<char>(row_panel * ldg_rows * ELEMENT);
     b.mask = c.take<unsigned char>((row_panel + TILE_M - 1) / TILE_M * ((cols + TILE_N - 1) / TILE_N));
     b.ids = c.take<int>(rows);
-    b.partials = c.take<float>(k_splits_row_panel > 1 ? k_splits_row_panel * row_panel * depth : 0);
+    b.partials = c.take<float>(row_panel_partial_floats());
     return b;
+  }
+  std::int64_t row_panel_partial_floats() const {
+    return k_splits_row_panel > 1 ? k_splits_row_panel * row_panel * depth : 0;
   }
   std::size_t row_panel_bytes() const {
     WorkspaceCarver sizing;
@@ -156,86 +159,91 @@ struct FusedBackwardPlan {
                            sms, ACCUMULATE_STEPS) +
              2 * LAUNCH_STEPS;
     };
-    const std::int64_t full = cols / panel, last = cols - full * panel;
-    return full * panel_cost(panel) + (last > 0 ? panel_cost(last) : 0);
+    return over_panels(cols, panel, panel_cost);
   }
 
   /// The two passes' products in K steps of one CTA, as cost(): dB per column panel, dA per row
   /// panel (the recomputing sweeps cost the same at any width and are left out).
   std::int64_t two_pass_cost(int sms) const {
     const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N;
-    const auto panels = [](std::int64_t n, std::int64_t width, auto&& one) {
-      const std::int64_t full = n / width, last = n - full * width;
-      return full * one(width) + (last > 0 ? one(last) : 0);
+    // A complete M x depth output over K, split at most `most_splits` ways.
+    const auto complete = [&](std::int64_t M, std::int64_t K, int most_splits) {
+      return product_steps((M + TILE_M - 1) / TILE_M * depth_tiles, (K + K_STEP - 1) / K_STEP,
+                           std::min(most_splits, product_k_splits(M, depth, K, sms)), sms, 0) +
+             2 * LAUNCH_STEPS;
     };
-    const std::int64_t columns = panels(cols, panel, [&](std::int64_t width) {
-      return product_steps((width + TILE_M - 1) / TILE_M * depth_tiles, (rows + K_STEP - 1) / K_STEP,
-                           std::min(k_splits_cols, product_k_splits(width, depth, rows, sms)), sms, 0) +
-             2 * LAUNCH_STEPS;
-    });
-    const std::int64_t row_side = panels(rows, row_panel, [&](std::int64_t height) {
-      return product_steps((height + TILE_M - 1) / TILE_M * depth_tiles, (cols + K_STEP - 1) / K_STEP,
-                           std::min(k_splits_row_panel, product_k_splits(height, depth, cols, sms)), sms, 0) +
-             2 * LAUNCH_STEPS;
-    });
-    return columns + row_side;
+    return over_panels(cols, panel, [&](std::int64_t width) { return complete(width, rows, k_splits_cols); }) +
+           over_panels(rows, row_panel, [&](std::int64_t height) { return complete(height, cols, k_splits_row_panel); });
   }
 
   /// The panel (up to MAX_PANEL) whose workspace fits `budget` and whose cost() is least, the
   /// wider one on a tie. Where no panel's accumulator fits, the two passes of least
   /// two_pass_cost() that fit; fits = false (and the narrowest plan) when not even those do.
-  static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
-    const std::int64_t widest = widest_panel(cols);
-    FusedBackwardPlan best;
-    std::int64_t best_cost = 0;
-    for (std::int64_t panel = widest; panel > 0; panel = narrower(panel)) {
-      FusedBackwardPlan p = with_panel(rows, cols, depth, std::min(panel, cols), sms);
-      if (p.bytes > budget) continue;
-      p.fits = true;
-      const std::int64_t c = p.cost(sms);
-      if (!best.fits || c < best_cost) best = p, best_cost = c;
-    }
-    return best.fits ? best : make_two_passes(rows, cols, depth, budget, sms);
-  }
+  static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms);
 
   /// The two passes: the column panel and the row panel are chosen apart (they share the
   /// workspace one after the other), each the least costly that fits, split products first.
   static FusedBackwardPlan make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
-                                           std::size_t budget, int sms) {
-    const std::int64_t tallest = std::min(MAX_ROW_PANEL, rows <= TILE_M ? rows : (rows + TILE_M - 1) / TILE_M * TILE_M);
-    FusedBackwardPlan best;
-    std::int64_t best_cost = 0;
-    for (bool split : {true, false}) {
-      // Columns first, with the narrowest row panel; then the row panel under that column panel.
-      FusedBackwardPlan columns;
-      for (std::int64_t panel = widest_panel(cols); panel > 0; panel = narrower(panel)) {
-        FusedBackwardPlan p = with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split);
-        if (p.bytes > budget) continue;
-        p.fits = true;
-        if (!columns.fits || p.two_pass_cost(sms) < columns.two_pass_cost(sms)) columns = p;
-      }
-      if (!columns.fits) continue;
-      for (std::int64_t height = tallest; height > 0; height = height > TILE_M ? height - TILE_M : 0) {
-        FusedBackwardPlan p = with_panel(rows, cols, depth, columns.panel, sms, std::min(height, rows), split);
-        if (p.bytes > budget) continue;
-        p.fits = true;
-        const std::int64_t c = p.two_pass_cost(sms);
-        if (!best.fits || c < best_cost) best = p, best_cost = c;
-      }
-      if (best.fits) return best;
-    }
-    return with_panel(rows, cols, depth, std::min(TILE_N, cols), sms);  // fits = false
-  }
+                                           std::size_t budget, int sms);
 
   /// Past this many rows a row panel's G (rows x every column) only takes memory: its product
   /// (K = every column) fills the device from a few hundred rows.
   static constexpr std::int64_t MAX_ROW_PANEL = 4096;
 
  private:
-  static std::int64_t widest_panel(std::int64_t cols) {
-    return std::min(MAX_PANEL, cols <= TILE_N ? cols : (cols + TILE_N - 1) / TILE_N * TILE_N);
+  struct Cheapest;  // defined below the class, which it holds
+  /// The widest panel of n rows or columns to try: all of them up to one tile, else whole tiles
+  /// covering them, at most `most`; then each narrower by a tile.
+  static std::int64_t widest(std::int64_t n, std::int64_t tile, std::int64_t most) {
+    return std::min(most, n <= tile ? n : (n + tile - 1) / tile * tile);
   }
-  static std::int64_t narrower(std::int64_t panel) { return panel > TILE_N ? panel - TILE_N : 0; }
+  static std::int64_t narrower(std::int64_t width, std::int64_t tile) { return width > tile ? width - tile : 0; }
+  /// The sum of one(width) over the panels of n (the last one partial).
+  template <class One>
+  static std::int64_t over_panels(std::int64_t n, std::int64_t width, const One& one) {
+    const std::int64_t full = n / width, last = n - full * width;
+    return full * one(width) + (last > 0 ? one(last) : 0);
+  }
 };
+
+/// The least costly of the plans offered that fit the budget (the first on a tie), fits = true.
+struct FusedBackwardPlan::Cheapest {
+  FusedBackwardPlan plan;
+  std::int64_t cost = 0;
+  template <class Cost>
+  void offer(FusedBackwardPlan p, std::size_t budget, const Cost& cost_of) {
+    if (p.bytes > budget) return;
+    p.fits = true;
+    const std::int64_t c = cost_of(p);
+    if (!plan.fits || c < cost) plan = p, cost = c;
+  }
+};
+
+inline FusedBackwardPlan FusedBackwardPlan::make(std::int64_t rows, std::int64_t cols, std::int64_t depth,
+                                                 std::size_t budget, int sms) {
+  Cheapest best;
+  for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
+    best.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms), budget,
+               [&](const FusedBackwardPlan& p) { return p.cost(sms); });
+  return best.plan.fits ? best.plan : make_two_passes(rows, cols, depth, budget, sms);
+}
+
+inline FusedBackwardPlan FusedBackwardPlan::make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
+                                                            std::size_t budget, int sms) {
+  const auto cost = [&](const FusedBackwardPlan& p) { return p.two_pass_cost(sms); };
+  for (bool split : {true, false}) {
+    // Columns first, with the narrowest row panel; then the row panel under that column panel.
+    Cheapest columns;
+    for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
+      columns.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split), budget,
+                    cost);
+    if (!columns.plan.fits) continue;
+    Cheapest best;
+    for (std::int64_t height = widest(rows, TILE_M, MAX_ROW_PANEL); height > 0; height = narrower(height, TILE_M))
+      best.offer(with_panel(rows, cols, depth, columns.plan.panel, sms, std::min(height, rows), split), budget, cost);
+    if (best.plan.fits) return best.plan;
+  }
+  return with_panel(rows, cols, depth, std::min(TILE_N, cols), sms);  // fits = false
+}
 
 }  // namespace tlse::impl::cuda
