@@ -11,20 +11,24 @@
 #   perf_tests/run_gpu_hopper.sh --step   only the training step in one call (cross_entropy_with_gradients,
 #                                         tlse --training-step) at budgets that hold the logits, and
 #                                         PyTorch's cross-entropy baselines: about 5 minutes
+#   perf_tests/run_gpu_hopper.sh --tf32   only float with TF32 products: the contrastive case against
+#                                         the memory budget on the Hopper kernels and on mma.sync, and
+#                                         PyTorch's contrastive baselines: about 4 minutes
 # (A device call runs at most 10 minutes: one mode per call.)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$root/scripts/carry_dir.sh"
 export LD_LIBRARY_PATH=$carry${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:-.}/gpu_hopper.log
-iterations=10 quick=0 paths=hopper step=0 budgets=0
+iterations=10 quick=0 paths=hopper step=0 budgets=0 tf32=0
 for a in "$@"; do
   case $a in
     --quick) iterations=3 quick=1 ;;
     --with-mma) paths="hopper mma" ;;
     --step) step=1 paths= ;;
     --budgets) budgets=1 paths= ;;
-    *) echo "usage: $0 [--quick] [--with-mma] | --budgets | --step" >&2 && exit 2 ;;
+    --tf32) tf32=1 paths= ;;
+    *) echo "usage: $0 [--quick] [--with-mma] | --budgets | --step | --tf32" >&2 && exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$log"
@@ -60,6 +64,20 @@ if [ $step = 1 ]; then
   run hopper cross-entropy --tokens 4096 --dim 4096 --vocab 128256 --dtype bf16 --training-step --memory-budget 2560
   run hopper cross-entropy --tokens 8192 --dim 2304 --vocab 256000 --dtype bf16 --training-step --memory-budget 9216
   baselines ce
+  echo "== summary (ms)"
+  grep -E "^== |TiledLSE|torch_materialized" "$log" | cut -c1-200
+  exit 0
+fi
+if [ $tf32 = 1 ]; then
+  # The backward's K-major copies (A^T, B^T, G^T) take memory: under the default 256 MiB its two
+  # passes, from about 400 MiB the one pass with the fp32 accumulator. The mma.sync path for
+  # comparison, and cross-entropy in float where a budget holds B^T.
+  for mib in 256 384 512 1024 2048; do
+    run hopper contrastive --batch 65536 --dim 512 --dtype f32 --precision tf32 --memory-budget $mib
+  done
+  run mma contrastive --batch 65536 --dim 512 --dtype f32 --precision tf32
+  run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype f32 --precision tf32 --memory-budget 2048
+  baselines cl
   echo "== summary (ms)"
   grep -E "^== |TiledLSE|torch_materialized" "$log" | cut -c1-200
   exit 0

@@ -182,6 +182,17 @@ TYPED_TEST(CrossEntropy, Tf32Precision) {
   this->check({300, 1000, 72, o}, rng);
   o.softcap = 20;
   this->check({129, 257, 12, o, 4.0, 0.3, true, true}, rng);
+  // On Hopper GPUs the backward's products run on wgmma with K-major copies: in one pass at the
+  // default budget and in two under 4 MiB, with ignored rows and clustered classes (whole tiles
+  // filtered, the columns in vocabulary order).
+  CeCase k{700, 1500, 520, tlse::CrossEntropyOptions{}};
+  k.o.precision = tlse::Precision::tf32;
+  k.o.ignore_index = -1;
+  k.ignore_fraction = 0.1;
+  k.clusters = 2;
+  this->check(k, rng);
+  k.o.memory_budget = std::size_t(4) << 20;
+  this->check(k, rng);
 }
 
 TYPED_TEST(CrossEntropy, ExactFloatChunksSplitsAndMasks) {

@@ -127,6 +127,53 @@ TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {
   EXPECT_EQ(p.partial_floats(), std::int64_t(p.k_splits_cols) * 1024 * 512);
 }
 
+TEST(HopperPlan, Tf32HoldsTheKMajorCopies) {
+  // Contrastive B = 65536, c = 512 in TF32: A^T alone is 128 MiB, the accumulator another 128:
+  // under 256 MiB the two passes (B^T whole in the row pass, A^T and G^T in the column pass).
+  const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 256 * MiB, H200_SMS, 4);
+  ASSERT_TRUE(p.fits);
+  EXPECT_TRUE(p.two_passes());
+  EXPECT_TRUE(p.tf32());
+  EXPECT_EQ(p.k_step(), 32);
+  EXPECT_LE(p.bytes, 256 * MiB);
+  // Carved from a stand-in base (only the offsets are looked at): G^T and A^T, no G, no B^T.
+  tlse::impl::WorkspaceCarver carver(reinterpret_cast<char*>(std::uintptr_t(1) << 30));
+  const FusedBackwardPlan::Buffers b = p.carve(carver);
+  EXPECT_EQ(reinterpret_cast<char*>(b.mask), b.G);
+  EXPECT_EQ(reinterpret_cast<char*>(b.partials), reinterpret_cast<char*>(b.Bt));
+  EXPECT_GE(reinterpret_cast<char*>(b.GT) - b.panel_rows, std::ptrdiff_t(p.panel * 512 * 4));
+  EXPECT_GE(reinterpret_cast<char*>(b.At) - reinterpret_cast<char*>(b.GT), std::ptrdiff_t(p.panel * 65536 * 4));
+  EXPECT_GE(reinterpret_cast<char*>(b.partials) - reinterpret_cast<char*>(b.At), std::ptrdiff_t(512 * 65536 * 4));
+  EXPECT_GE(p.row_panel_bytes(), std::size_t(512) * 65536 * 4);  // B^T
+  // With room for the accumulator, A^T and B_panel^T: one pass.
+  const FusedBackwardPlan fused = FusedBackwardPlan::make(65536, 65536, 512, 1024 * MiB, H200_SMS, 4);
+  ASSERT_TRUE(fused.fits);
+  EXPECT_FALSE(fused.two_passes());
+  EXPECT_LE(fused.bytes, 1024 * MiB);
+  // bf16 takes less: the same budget gives it a wider panel.
+  EXPECT_GT(FusedBackwardPlan::make(65536, 65536, 512, 1024 * MiB, H200_SMS).panel, fused.panel);
+  // Cross-entropy N = 8192, V = 128256 in TF32: B^T whole is 2 GiB, so under 256 MiB nothing fits
+  // (the mma.sync passes then run).
+  EXPECT_FALSE(FusedBackwardPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS, 4).fits);
+}
+
+TEST(HopperPlan, Tf32PrefersTwoPassesToNarrowPanels) {
+  // 512 MiB holds one pass with 256 columns a panel, but TF32's two passes with wide panels are
+  // faster (MIN_TF32_PANEL); bf16 keeps the one pass.
+  const FusedBackwardPlan tf32 = FusedBackwardPlan::make(65536, 65536, 512, 512 * MiB, H200_SMS, 4);
+  ASSERT_TRUE(tf32.fits);
+  EXPECT_TRUE(tf32.two_passes());
+  EXPECT_GE(tf32.panel, FusedBackwardPlan::MIN_TF32_PANEL);
+  EXPECT_FALSE(FusedBackwardPlan::make(65536, 65536, 512, 512 * MiB, H200_SMS).two_passes());
+  // Where the two passes do not fit (B^T whole: 2.2 GiB), the narrow one-pass panel still runs.
+  const FusedBackwardPlan narrow = FusedBackwardPlan::make(8192, 256000, 2304, 256 * MiB, H200_SMS, 4);
+  ASSERT_TRUE(narrow.fits);
+  EXPECT_FALSE(narrow.two_passes());
+  EXPECT_LT(narrow.panel, FusedBackwardPlan::MIN_TF32_PANEL);
+  // A problem narrower than MIN_TF32_PANEL takes every column in one pass.
+  EXPECT_EQ(FusedBackwardPlan::make(900, 900, 520, 256 * MiB, H200_SMS, 4).panel, 900);
+}
+
 }  // namespace
 
 // The training step's plan (hopper_step_plan.hpp): one chunk of every row when it fits, else the

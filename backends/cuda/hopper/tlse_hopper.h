@@ -10,8 +10,9 @@
  *     columns (contrastive) and the column logit sums (vocabulary sorting);
  *   - tlse_hop_gradient: a panel of G = scale * dL/dx (the backward's recomputed tiles), with the
  *     row sums (dscale), column sums (dbias) and the per-tile filtering mask;
- *   - tlse_hop_product: out (+)= A x B for the backward's two products (either operand may be
- *     stored transposed), skipping the K steps that gradient filtering removed.
+ *   - tlse_hop_product: out (+)= A x B for the backward's two products (bf16: either operand may
+ *     be stored transposed; TF32: both K-major, since wgmma reads TF32 K-major only), skipping the
+ *     K steps that gradient filtering removed.
  * Every call is deterministic (no atomics; fixed-order reductions) and only enqueues work on the
  * given stream. Each returns 0 or a TLSE_HOP_E* code; tlse_hop_error_string names the problem.
  *
@@ -99,11 +100,12 @@ typedef struct {
 } tlse_hop_terms;
 
 /* Gradient panel: columns [col_begin, col_end) of the cols side against every row. Writes
- * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (tile (r, c) left unwritten
- * where filtered); tile_mask[row tile][panel column tile] = 0 where every softmax entry of the
- * 128 x 256 tile is below filter_eps and it holds no target, 1 otherwise. */
+ * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (TF32: float rounded to TF32)
+ * and/or (TF32) its transpose GT[(col - col_begin) * ldgt + row], tiles left unwritten where
+ * filtered; tile_mask[row tile][panel column tile] = 0 where every softmax entry of the 128 x 256
+ * tile is below filter_eps and it holds no target, 1 otherwise. */
 typedef struct {
-  int32_t dtype; /* TLSE_HOP_BF16 (fp16 cannot hold G unscaled; TF32 products need K-major copies) */
+  int32_t dtype; /* TLSE_HOP_BF16 or TLSE_HOP_TF32 (fp16 cannot hold G unscaled) */
   tlse_hop_side rows, cols;
   int64_t depth;
   tlse_hop_logit_model logit;
@@ -112,6 +114,8 @@ typedef struct {
   int64_t col_begin, col_end;
   void* G; /* NULL: no gradient rows wanted (only the sums) */
   int64_t ldg;
+  void* GT; /* NULL: no transpose wanted (TLSE_HOP_TF32 only: bf16 products read G transposed) */
+  int64_t ldgt;
   uint8_t* tile_mask;
   float* row_dot_sums; /* [split y][rows positions]: sum over the split's columns of dL/dz * dot; or NULL */
   float* col_sums;     /* [row tile][col_end - col_begin]: sum over the tile's rows of dL/dz; or NULL */
@@ -120,7 +124,8 @@ typedef struct {
 } tlse_hop_gradient_args;
 
 /* out = A (M x K) times B (K x N), fp32 accumulation. A(m, k) is a[m * lda + k], or a[k * lda + m]
- * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. With a
+ * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. bf16 takes
+ * b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). With a
  * mask (a gradient panel's tile_mask, mask_ld columns), K steps of a G tile the panel filtered are
  * skipped: G is operand A, as stored (mask_of_a_transposed = 0: mask[m / 128][k / 256]) or
  * transposed (1: mask[k / 128][m / 256]).
@@ -130,7 +135,7 @@ typedef struct {
  * K is split into at most max_k_splits fixed-order pieces when the output has too few tiles to
  * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace). */
 typedef struct {
-  int32_t dtype; /* TLSE_HOP_BF16 */
+  int32_t dtype; /* TLSE_HOP_BF16 or TLSE_HOP_TF32 */
   const void* a;
   int64_t lda;
   int32_t a_transposed;

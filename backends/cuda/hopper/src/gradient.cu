@@ -1,4 +1,4 @@
-// tlse_hop_gradient: a panel of G = scale * dL/dx (mainloop + GradientEpilogue), bf16.
+// tlse_hop_gradient: a panel of G = scale * dL/dx (mainloop + GradientEpilogue), bf16 and TF32.
 #include "gradient_epilogue.cuh"
 #include "launch.cuh"
 
@@ -29,6 +29,7 @@ int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   e.filter_eps = a.filter_eps;
   e.col_begin = a.col_begin, e.col_end = a.col_end;
   e.G = static_cast<Input*>(a.G), e.ldg = a.ldg;
+  e.GT = static_cast<Input*>(a.GT), e.ldgt = a.ldgt;
   e.tile_mask = a.filter_eps > 0.f ? a.tile_mask : nullptr;
   e.mask_ld = col_tiles;
   e.row_dot_sums = a.row_dot_sums, e.col_sums = a.col_sums;
@@ -43,13 +44,14 @@ using namespace tlse::hopper;
 extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
   static constexpr const char* call = "tlse_hop_gradient";
   if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
-  // fp16 cannot hold G unscaled (entries like p / N underflow it); TF32 awaits transposed
-  // copies for its products (wgmma reads TF32 K-major only). Both take the two-pass backward.
-  if (a->dtype != TLSE_HOP_BF16) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 is built");
-  {
-    using Input = cutlass::bfloat16_t;
-    if (int e = check_operand(call, "rows", a->rows.data, a->rows.count, a->depth, a->rows.ld, sizeof(Input))) return e;
-    if (int e = check_operand(call, "cols", a->cols.data, a->cols.count, a->depth, a->cols.ld, sizeof(Input))) return e;
+  // fp16 cannot hold G unscaled (entries like p / N underflow it): it takes the two-pass backward.
+  if (a->dtype != TLSE_HOP_BF16 && a->dtype != TLSE_HOP_TF32)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 and TLSE_HOP_TF32 are built");
+  const auto checked = [&](auto input) {
+    using Input = decltype(input);
+    const int elem = int(sizeof(Input));
+    if (int e = check_operand(call, "rows", a->rows.data, a->rows.count, a->depth, a->rows.ld, elem)) return e;
+    if (int e = check_operand(call, "cols", a->cols.data, a->cols.count, a->depth, a->cols.ld, elem)) return e;
     if (a->col_begin < 0 || a->col_end > a->cols.count || a->col_begin >= a->col_end || a->col_begin % 8 != 0)
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": panel [" + std::to_string(a->col_begin) + ", " +
                                            std::to_string(a->col_end) + ") is empty, outside [0, " +
@@ -57,9 +59,16 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
     if (a->G && (a->ldg < a->col_end - a->col_begin || a->ldg % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->G) % 16))
       return fail(TLSE_HOP_E_ARGUMENT,
                   std::string(call) + ": G must be 16-byte aligned with ldg >= the panel width, a multiple of 8");
+    if (a->GT && a->dtype != TLSE_HOP_TF32)
+      return fail(TLSE_HOP_E_ARGUMENT,
+                  std::string(call) + ": GT is written for TLSE_HOP_TF32 only (bf16 products read G transposed)");
+    if (a->GT && (a->ldgt < a->rows.count || a->ldgt % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->GT) % 16))
+      return fail(TLSE_HOP_E_ARGUMENT,
+                  std::string(call) + ": GT must be 16-byte aligned with ldgt >= the rows, a multiple of 8");
     if (a->filter_eps > 0.f && a->tile_mask == nullptr)
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": filtering needs tile_mask");
     if (a->max_col_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits must be >= 1");
     return run_gradient<Input>(*a, static_cast<cudaStream_t>(stream));
-  }
+  };
+  return a->dtype == TLSE_HOP_TF32 ? checked(float{}) : checked(cutlass::bfloat16_t{});
 }

@@ -1,7 +1,9 @@
 #pragma once
 // Epilogue of the gradient panel: each recomputed tile of logits becomes dL/dz from the saved
 // LSEs (the row side's softmax terms and, for the contrastive loss, the column side's), and
-// G = scale * dL/dx is stored in the input type for the two products that follow. From the same
+// G = scale * dL/dx is stored in the input type for the two products that follow (for TF32 as
+// float rounded to TF32, and also transposed, G^T, since wgmma reads TF32 operands K-major only and
+// the two products take G with K along the columns and along the rows). From the same
 // values: per row the sum of dL/dz * dot (dscale; the quad merges it when the row tile is done),
 // per column the sum of dL/dz over the tile's rows (dbias; one slot per tile), and the tile's
 // fate under gradient filtering: a tile whose softmax entries are all below filter_eps and that
@@ -19,6 +21,8 @@ struct GradientParams {
   int64_t col_begin, col_end;
   T* G;
   int64_t ldg;
+  T* GT;  // G^T: GT[(col - col_begin) * ldgt + row], or nullptr (TF32 only)
+  int64_t ldgt;
   uint8_t* tile_mask;
   int64_t mask_ld;
   float* row_dot_sums;
@@ -90,6 +94,8 @@ struct GradientEpilogue {
       if (ct == 0) p.tile_mask[int64_t(m) * p.mask_ld + n] = keep;
     }
     if (p.G && keep) store(acc, c, row0, col0);
+    if constexpr (std::is_same_v<T, float>)  // only TF32 needs G^T: bf16's code stays as it was
+      if (p.GT && keep) store_transposed(acc, c, row0, col0);
   }
 
   /// dlogits for a tile whose columns all take the simple model (x = scale * dot) and with the
@@ -201,15 +207,45 @@ struct GradientEpilogue {
       for (int j = 0; j < Fragment::COLS; j += 2) {
         const int jc = c.col(j);  // even; jc + 1 is column j + 1
         if (col0 + jc >= p.col_end) continue;
+        const T v0 = stored(Fragment::at(acc, r, j) * scale), v1 = stored(Fragment::at(acc, r, j + 1) * scale);
         if constexpr (sizeof(T) == 2) {
           cutlass::Array<T, 2> pair;
-          pair[0] = T(Fragment::at(acc, r, j) * scale), pair[1] = T(Fragment::at(acc, r, j + 1) * scale);
+          pair[0] = v0, pair[1] = v1;
           *reinterpret_cast<cutlass::Array<T, 2>*>(out + jc) = pair;  // ldg and col_begin even
         } else {
-          *reinterpret_cast<float2*>(out + jc) =
-              make_float2(Fragment::at(acc, r, j) * scale, Fragment::at(acc, r, j + 1) * scale);
+          *reinterpret_cast<float2*>(out + jc) = make_float2(v0, v1);
         }
       }
+    }
+  }
+
+  /// G^T, one element per store: the 8 rows of a quad column are adjacent, so each store of a warp
+  /// fills whole 32-byte sectors (4 columns x 8 rows of float).
+  template <class Acc>
+  __device__ void store_transposed(const Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
+    const float scale = p.logit.scale;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + c.row(r);
+      if (row >= p.rows.count) continue;
+      T* out = p.GT + (col0 - p.col_begin) * p.ldgt + row;
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; ++j) {
+        const int jc = c.col(j);
+        if (col0 + jc < p.col_end) out[jc * p.ldgt] = stored(Fragment::at(acc, r, j) * scale);
+      }
+    }
+  }
+
+  /// A value of G as the products read it: the input type, or for TF32 float rounded to nearest
+  /// TF32 (wgmma would otherwise drop the low 13 bits, a bias of up to 2^-10).
+  __device__ __forceinline__ static T stored(float v) {
+    if constexpr (std::is_same_v<T, float>) {
+      uint32_t bits;
+      asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(v));
+      return __uint_as_float(bits);
+    } else {
+      return T(v);
     }
   }
 

@@ -1,5 +1,6 @@
-// tlse_hop_product: the backward's products (mainloop + ProductEpilogue), bf16, with G as operand
-// A stored (dA += G B) or transposed (dB = G^T A) and the other operand rows-contiguous.
+// tlse_hop_product: the backward's products (mainloop + ProductEpilogue). bf16: G as operand A
+// stored (dA += G B) or transposed (dB = G^T A), the other operand rows-contiguous (K x N). TF32:
+// both operands K-major (the caller passes G^T and the transposed inputs), wgmma's only TF32 form.
 #include "launch.cuh"
 #include "product_epilogue.cuh"
 
@@ -23,9 +24,9 @@ ProductShape product_shape(int64_t M, int64_t N, int64_t K, int64_t k_step, int6
   return s;
 }
 
-template <class Input, bool TransposedA>
+template <class Input, bool TransposedA, bool TransposedB>
 int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
-  using Config = TileConfig<MmaElement<Input>, TransposedA, true>;
+  using Config = TileConfig<MmaElement<Input>, TransposedA, TransposedB>;
   ProductShape shape = product_shape(a.M, a.N, a.K, Config::BK, a.max_k_splits, multiprocessors());
   const size_t partial_bytes = size_t(a.M) * size_t(a.N) * sizeof(float);
   if (shape.k_splits > 1 && a.workspace_bytes < partial_bytes * size_t(shape.k_splits)) {
@@ -71,28 +72,38 @@ using namespace tlse::hopper;
 
 extern "C" size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits,
                                              int device) {
-  if (dtype != TLSE_HOP_BF16 || M < 1 || N < 1 || K < 1) return 0;
+  if ((dtype != TLSE_HOP_BF16 && dtype != TLSE_HOP_TF32) || M < 1 || N < 1 || K < 1) return 0;
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
-  const ProductShape s = product_shape(M, N, K, 64, max_k_splits < 1 ? 1 : max_k_splits, sms);
+  const int64_t k_step = dtype == TLSE_HOP_TF32 ? 32 : 64;  // 128 bytes of depth per stage
+  const ProductShape s = product_shape(M, N, K, k_step, max_k_splits < 1 ? 1 : max_k_splits, sms);
   return s.k_splits > 1 ? size_t(s.k_splits) * size_t(M) * size_t(N) * sizeof(float) : 0;
 }
 
 extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
   static constexpr const char* call = "tlse_hop_product";
   if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
-  if (a->dtype != TLSE_HOP_BF16) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 is built");
-  if (!a->b_transposed)
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": B must be stored transposed (K x N rows)");
-  using Input = cutlass::bfloat16_t;
+  const bool tf32 = a->dtype == TLSE_HOP_TF32;
+  if (a->dtype != TLSE_HOP_BF16 && !tf32)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 and TLSE_HOP_TF32 are built");
+  if (tf32 && (a->a_transposed || a->b_transposed))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                         ": TF32 operands must be K-major (a_transposed = b_transposed = 0): "
+                                         "wgmma reads TF32 from shared memory K-major only");
+  if (!tf32 && !a->b_transposed)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": bf16 B must be stored transposed (K x N rows)");
+  const int elem = tf32 ? 4 : 2;
   const int64_t a_rows = a->a_transposed ? a->K : a->M, a_depth = a->a_transposed ? a->M : a->K;
-  if (int e = check_operand(call, "a", a->a, a_rows, a_depth, a->lda, sizeof(Input))) return e;
-  if (int e = check_operand(call, "b", a->b, a->K, a->N, a->ldb, sizeof(Input))) return e;
+  const int64_t b_rows = a->b_transposed ? a->K : a->N, b_depth = a->b_transposed ? a->N : a->K;
+  if (int e = check_operand(call, "a", a->a, a_rows, a_depth, a->lda, elem)) return e;
+  if (int e = check_operand(call, "b", a->b, b_rows, b_depth, a->ldb, elem)) return e;
   if ((a->out_f32 == nullptr) == (a->out == nullptr))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exactly one of out_f32 and out is the output");
   if (a->N % 2 != 0 || a->ldo < a->N || a->ldo % 2 != 0)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": N and ldo must be even, ldo >= N");
   if (a->max_k_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_k_splits must be >= 1");
   const auto s = static_cast<cudaStream_t>(stream);
-  return a->a_transposed ? run_product<Input, true>(*a, s) : run_product<Input, false>(*a, s);
+  using Bf16 = cutlass::bfloat16_t;
+  if (tf32) return run_product<float, false, false>(*a, s);
+  return a->a_transposed ? run_product<Bf16, true, true>(*a, s) : run_product<Bf16, false, true>(*a, s);
 }

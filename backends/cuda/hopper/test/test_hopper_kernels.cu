@@ -65,6 +65,19 @@ struct Operand {
       }
     }
   }
+  /// TF32 data made exact in TF32 (the low 13 bits cleared, rounding to nearest), so that a
+  /// reference from `value` is the product the tensor cores compute.
+  void round_to_tf32() {
+    for (int64_t i = 0; i < rows * depth; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &bytes[i * 4], 4);
+      bits = (bits + 0x1000u) & ~0x1fffu;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      std::memcpy(&bytes[i * 4], &bits, 4);
+      value[i] = double(v);
+    }
+  }
   void* device() const {
     void* d = nullptr;
     CUDA_OK(cudaMalloc(&d, bytes.size()));
@@ -169,10 +182,32 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
 /// dA = G B_panel (fp32 out) and dB_panel = G^T A (bf16 out through an index), against the
 /// reference computed from the exact dL/dx. G is rounded to bf16 (2^-9 relative), which bounds
 /// the products' error by 2^-8 sum |G||B| per element.
-void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end, double filter_eps) {
-  const int dtype = TLSE_HOP_BF16;
+/// Rows [first, first + n) of an operand transposed: depth rows of n elements, leading dimension
+/// ld (TF32's products read every operand K-major).
+void* transposed(const Operand& op, int64_t first, int64_t n, int64_t ld) {
+  const int e = op.elem();
+  std::vector<unsigned char> t(size_t(op.depth * ld * e), 0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < op.depth; ++k)
+      std::memcpy(&t[size_t((k * ld + i) * e)], &op.bytes[size_t(((first + i) * op.depth + k) * e)], size_t(e));
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, t.size()));
+  CUDA_OK(cudaMemcpy(d, t.data(), t.size(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+/// Backward: the gradient panel (G, and G^T for TF32), its sums and mask, then the two products
+/// as the backward runs them: bf16 reads G transposed and the inputs as stored, TF32 reads G^T and
+/// transposed copies of the inputs (made exact in TF32, so that the reference multiplies what the
+/// tensor cores do). The tolerance counts G's rounding (bf16 2^-9, TF32 2^-11) and the fp32 sums,
+/// as u times the sum of |terms|.
+void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end,
+                    double filter_eps) {
+  const bool tf32 = dtype == TLSE_HOP_TF32;
+  const int elem = tf32 ? 4 : 2;
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(1.0), B.fill(4.0 / std::sqrt(double(D)));
+  if (tf32) A.round_to_tf32(), B.round_to_tf32();
   const double scale = 1.0;
   const std::vector<double> x = logits(A, B, scale);
   std::vector<float> lse(R), g(R), w(R);
@@ -202,9 +237,11 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
   };
   float *d_lse = up(lse), *d_g = up(g), *d_w = up(w);
   int32_t* d_target = up(target);
-  void* G = nullptr;
-  CUDA_OK(cudaMalloc(&G, size_t(R * ldg * 2)));
-  CUDA_OK(cudaMemset(G, 0, size_t(R * ldg * 2)));
+  const int64_t ldgt = (R + 7) / 8 * 8;
+  void *G = nullptr, *GT = nullptr;
+  CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
+  CUDA_OK(cudaMemset(G, 0, size_t(R * ldg * elem)));
+  if (tf32) CUDA_OK(cudaMalloc(&GT, size_t(W * ldgt * elem)));
   const int64_t row_tiles = (R + TLSE_HOP_TILE_M - 1) / TLSE_HOP_TILE_M,
                 col_tiles = (W + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N;
   uint8_t* mask = nullptr;
@@ -223,11 +260,12 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
   a.filter_eps = float(filter_eps);
   a.col_begin = col_begin, a.col_end = col_end;
   a.G = G, a.ldg = ldg, a.tile_mask = mask;
+  a.GT = GT, a.ldgt = ldgt;
   a.row_dot_sums = row_dot, a.col_sums = col_sums;
   a.max_col_splits = 16;
-  const std::string name = "backward " + std::to_string(R) + "x" + std::to_string(C) + "x" + std::to_string(D) +
-                           " panel [" + std::to_string(col_begin) + "," + std::to_string(col_end) + ") eps " +
-                           std::to_string(filter_eps);
+  const std::string name = std::string(tf32 ? "tf32 " : "bf16 ") + "backward " + std::to_string(R) + "x" +
+                           std::to_string(C) + "x" + std::to_string(D) + " panel [" + std::to_string(col_begin) + "," +
+                           std::to_string(col_end) + ") eps " + std::to_string(filter_eps);
   int rc = tlse_hop_gradient(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   if (rc != 0) {
@@ -258,7 +296,7 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
   float* dA_out = nullptr;
   CUDA_OK(cudaMalloc(&dA_out, size_t(R * D) * sizeof(float)));
   void* dB_out = nullptr;
-  CUDA_OK(cudaMalloc(&dB_out, size_t(W * D * 2)));
+  CUDA_OK(cudaMalloc(&dB_out, size_t(W * D * elem)));
   std::vector<int32_t> order(W);
   for (int64_t j = 0; j < W; ++j) order[j] = int32_t(W - 1 - j);
   int32_t* d_order = up(order);
@@ -268,8 +306,14 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
   if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
   tlse_hop_product_args p{};
   p.dtype = dtype;
+  const int64_t ldbt = (W + 7) / 8 * 8;
+  void* Bt = tf32 ? transposed(B, col_begin, W, ldbt) : nullptr;
+  void* At = tf32 ? transposed(A, 0, R, ldgt) : nullptr;
   p.a = G, p.lda = ldg, p.a_transposed = 0;
-  p.b = static_cast<char*>(dB) + col_begin * D * 2, p.ldb = D, p.b_transposed = 1;
+  if (tf32)
+    p.b = Bt, p.ldb = ldbt, p.b_transposed = 0;
+  else
+    p.b = static_cast<char*>(dB) + col_begin * D * 2, p.ldb = D, p.b_transposed = 1;
   p.M = R, p.N = D, p.K = W;
   p.mask = filter_eps > 0 ? mask : nullptr, p.mask_ld = col_tiles, p.mask_of_a_transposed = 0;
   p.out_f32 = dA_out, p.ldo = D;
@@ -277,8 +321,10 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
   rc = tlse_hop_product(&p, nullptr);
   const int64_t splits_a = p.k_splits;
   if (rc == 0) {
-    p.a_transposed = 1;
-    p.b = dA, p.ldb = D;
+    if (tf32)
+      p.a = GT, p.lda = ldgt, p.b = At, p.ldb = ldgt;
+    else
+      p.a_transposed = 1, p.b = dA, p.ldb = D;
     p.M = W, p.N = D, p.K = R;
     p.mask_of_a_transposed = 1;
     p.out_f32 = nullptr, p.out = dB_out, p.out_index = d_order;
@@ -290,9 +336,16 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
     return;
   }
   const auto h_dA = download(dA_out, size_t(R * D));
-  const auto h_dB = download(static_cast<__nv_bfloat16*>(dB_out), size_t(W * D));
+  std::vector<double> h_dB(size_t(W * D));
+  if (tf32) {
+    const auto f = download(static_cast<float*>(dB_out), size_t(W * D));
+    std::copy(f.begin(), f.end(), h_dB.begin());
+  } else {
+    const auto b = download(static_cast<__nv_bfloat16*>(dB_out), size_t(W * D));
+    for (size_t i = 0; i < b.size(); ++i) h_dB[i] = double(__bfloat162float(b[i]));
+  }
   double worst_dA = 0, worst_dB = 0;
-  const double u = std::ldexp(1.0, -8);
+  const double u = std::ldexp(1.0, tf32 ? -9 : -8);
   for (int64_t i = 0; i < R; ++i)
     for (int64_t k = 0; k < D; ++k) {
       double ref = 0, bound = 0;
@@ -309,7 +362,7 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
         const double t = dz[i * W + j] * scale * A.value[i * D + k];
         ref += t, bound += std::fabs(t);
       }
-      const double got = double(__bfloat162float(h_dB[order[j] * D + k]));
+      const double got = h_dB[order[j] * D + k];
       worst_dB = std::max(worst_dB, std::fabs(got - ref) / (u * bound + u * std::fabs(ref) + 1e-6));
     }
   char buf[200];
@@ -318,8 +371,8 @@ void check_backward(int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t 
                 long(row_tiles * col_tiles), long(splits_a), long(p.k_splits), worst_rowsum, worst_colsum, worst_dA,
                 worst_dB);
   expect(worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1, name + buf);
-  for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, (void*)mask, (void*)row_dot,
-                    (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace})
+  for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask,
+                    (void*)row_dot, (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace, At, Bt})
     cudaFree(ptr);
 }
 
@@ -377,11 +430,17 @@ void check_arguments() {
   refused(tlse_hop_gradient(&g, nullptr), "panel [256, 400)", "gradient: panel past the columns");
   g.col_end = 300, g.filter_eps = 0.01f;
   refused(tlse_hop_gradient(&g, nullptr), "filtering needs tile_mask", "gradient: filtering without a mask");
+  g.filter_eps = 0.f, g.GT = data, g.ldgt = 104;
+  refused(tlse_hop_gradient(&g, nullptr), "GT is written for TLSE_HOP_TF32 only", "gradient: bf16 G^T");
+  g.dtype = TLSE_HOP_TF32, g.ldgt = 100;
+  refused(tlse_hop_gradient(&g, nullptr), "ldgt >= the rows, a multiple of 8", "gradient: TF32 G^T, ldgt 100");
 
   tlse_hop_product_args p{};
-  p.dtype = TLSE_HOP_TF32;
-  refused(tlse_hop_product(&p, nullptr), "only TLSE_HOP_BF16", "product: TF32");
-  p.dtype = TLSE_HOP_BF16;
+  p.dtype = TLSE_HOP_FP16;
+  refused(tlse_hop_product(&p, nullptr), "only TLSE_HOP_BF16", "product: fp16");
+  p.dtype = TLSE_HOP_TF32, p.a_transposed = 1;
+  refused(tlse_hop_product(&p, nullptr), "TF32 operands must be K-major", "product: TF32 read transposed");
+  p.dtype = TLSE_HOP_BF16, p.a_transposed = 0;
   p.a = data, p.lda = 64, p.b = data, p.ldb = 64, p.b_transposed = 1;
   p.M = 100, p.N = 64, p.K = 64, p.ldo = 64, p.max_k_splits = 1;
   refused(tlse_hop_product(&p, nullptr), "exactly one of out_f32 and out", "product: no output");
@@ -408,9 +467,11 @@ int main() {
   check_forward(TLSE_HOP_BF16, 257, 513, 520, 1.0, 0.2);
   check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
   std::printf("backward (gradient panel, products):\n");
-  check_backward(300, 1000, 200, 0, 1000, 0.0);
-  check_backward(700, 1500, 136, 256, 1300, 0.0);
-  check_backward(1100, 2000, 64, 512, 2000, 1.0 / 4096);
+  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_TF32}) {
+    check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);
+    check_backward(dtype, 700, 1500, 136, 256, 1300, 0.0);
+    check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096);
+  }
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
 }

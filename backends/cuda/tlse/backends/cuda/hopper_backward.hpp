@@ -15,6 +15,10 @@
 // a fixed order with fixed-order sums: bitwise reproducible. Filtered tiles are neither stored
 // nor multiplied. Columns visited through an index (the vocabulary order) are gathered per panel,
 // since TMA reads contiguous rows.
+// Float in TF32 runs the same steps on K-major operands (wgmma reads TF32 only so): the gradient
+// kernel writes G^T for dB = G^T A, which reads A^T (transposed once per call), and dA's products
+// read the columns transposed (per panel, or every column once for the two passes' row pass). The
+// transposes round to TF32, as G is rounded when stored.
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
 #include <tlse/backends/cuda/hopper_forward.hpp>
@@ -54,6 +58,35 @@ __global__ void column_sums_kernel(const float* col_sums, index_t row_tiles, ind
   out = from_acc<T>(accumulate ? to_acc<float>(out) + v : v);
 }
 
+/// dst[k * ldd + p] = src[p * ld + k] rounded to TF32, for p < count and k < depth: the K-major
+/// copy TF32's products read. 32 x 32 tiles through shared memory, so that reads and writes both
+/// go along rows; blocks of 32 x 8 threads.
+__global__ void transpose_tf32_kernel(const float* src, index_t ld, index_t count, index_t depth, float* dst,
+                                      index_t ldd) {
+  __shared__ float tile[32][33];
+  const index_t p0 = index_t(blockIdx.x) * 32, k0 = index_t(blockIdx.y) * 32;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const index_t p = p0 + i, k = k0 + threadIdx.x;
+    if (p < count && k < depth) {
+      std::uint32_t bits;
+      asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(src[p * ld + k]));
+      tile[i][threadIdx.x] = __uint_as_float(bits);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const index_t k = k0 + i, p = p0 + threadIdx.x;
+    if (p < count && k < depth) dst[k * ldd + p] = tile[threadIdx.x][i];
+  }
+}
+
+inline void transpose_tf32(cudaStream_t stream, const float* src, index_t ld, index_t count, index_t depth,
+                           float* dst, index_t ldd) {
+  const dim3 grid(unsigned((count + 31) / 32), unsigned((depth + 31) / 32)), block(32, 8);
+  transpose_tf32_kernel<<<grid, block, 0, stream>>>(src, ld, count, depth, dst, ldd);
+  check_launch("transpose_tf32_kernel");
+}
+
 /// ids[i] = i: the rows' ids for a row panel's gradient sweep, whose rows start past row 0.
 __global__ void iota_kernel(int* ids, index_t n) {
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
@@ -72,12 +105,18 @@ inline unsigned grid_for(index_t work, int threads = 256) {
 }
 
 struct LseBackwardHopper {
-  /// The plan for a shape, when the Hopper backward takes it (bf16; the rows side is not split).
+  /// Whether the kernels take inputs of type T: bf16, or float in TF32.
+  template <class T>
+  static bool takes(bool tf32) {
+    return std::is_same<T, bfloat16>::value || (std::is_same<T, float>::value && tf32);
+  }
+
+  /// The plan for a shape, when the Hopper backward takes it (the rows side is not split).
   template <class T>
   static bool plan(int device, const BackwardShape& s, FusedBackwardPlan& out) {
-    if (!std::is_same<T, bfloat16>::value || s.rows <= 0 || s.cols <= 0 || s.depth <= 0 || s.depth % 8 != 0)
+    if (!takes<T>(s.precision == Precision::tf32) || s.rows <= 0 || s.cols <= 0 || s.depth <= 0 || s.depth % 8 != 0)
       return false;
-    out = FusedBackwardPlan::make(s.rows, s.cols, s.depth, s.memory_budget, multiprocessors(device));
+    out = FusedBackwardPlan::make(s.rows, s.cols, s.depth, s.memory_budget, multiprocessors(device), sizeof(T));
     return out.fits;
   }
 
@@ -86,12 +125,12 @@ struct LseBackwardHopper {
   static bool run(cudaStream_t stream, int device, const BackwardRequest<T, float>& r) {
     const TileProblem<T, float>& prob = r.prob;
     tlse_hop_side rows{};
-    if (!std::is_same<T, bfloat16>::value || r.scratch == nullptr || !hopper_side(prob.rows, prob.depth, true, rows) ||
+    if (!takes<T>(prob.tf32) || r.scratch == nullptr || !hopper_side(prob.rows, prob.depth, true, rows) ||
         reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
       return false;
     // The plan the scratch holds: the one scratch_bytes sized for the call's budget.
-    const FusedBackwardPlan plan =
-        FusedBackwardPlan::make(rows.count, prob.cols.count, prob.depth, r.scratch_bytes, multiprocessors(device));
+    const FusedBackwardPlan plan = FusedBackwardPlan::make(rows.count, prob.cols.count, prob.depth, r.scratch_bytes,
+                                                           multiprocessors(device), sizeof(T));
     if (!plan.fits) return false;
     char* base = r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64;
     WorkspaceCarver carver(base);
@@ -102,17 +141,23 @@ struct LseBackwardHopper {
     T* grad_cols = self ? nullptr : r.grad_cols;
     const bool want_rows = grad_rows != nullptr, want_cols = grad_cols != nullptr || (self && want_rows);
     const bool rows_in_acc = want_rows && !plan.two_passes();
+    const bool tf32 = plan.tf32();
     if (rows_in_acc) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
     // Two passes: the row panels first, so that the self-similarity form's column products can
     // add into the rows' gradient they leave (the workspace serves one pass, then the other).
     if (want_rows && plan.two_passes()) row_panels<T>(stream, r, rows, plan, base);
     tlse_hop_gradient_args g = gradient_args<T>(r, rows);
-    g.G = want_rows || want_cols ? buf.G : nullptr;
+    // bf16: G serves both products. TF32: G for dA, G^T for dB.
+    g.G = rows_in_acc || (!tf32 && want_cols) ? buf.G : nullptr;
     g.ldg = plan.ldg;
+    g.GT = tf32 && want_cols ? buf.GT : nullptr;
+    g.ldgt = plan.ldgt();
     g.tile_mask = buf.mask;
     g.max_col_splits = FusedBackwardPlan::MAX_SWEEP_SPLITS;
-    const bool filtered = g.filter_eps > 0.f && g.G != nullptr;
+    const bool filtered = g.filter_eps > 0.f && (g.G != nullptr || g.GT != nullptr);
     const T* B = prob.cols.data;
+    if (tf32 && want_cols)  // after the row panels, whose workspace this shares
+      transpose_tf32(stream, reinterpret_cast<const float*>(rows.data), rows.ld, R, D, buf.At, plan.ldgt());
     for (index_t first = 0; first < prob.cols.count; first += plan.panel) {
       const index_t width = std::min(plan.panel, prob.cols.count - first);
       // The panel's columns: in place, or gathered through the index (the panel is then the
@@ -129,6 +174,8 @@ struct LseBackwardHopper {
         g.cols = tlse_hop_side{B, D, prob.cols.count, nullptr, nullptr, 0};
         g.col_begin = first, g.col_end = first + width;
       }
+      if (tf32 && rows_in_acc)
+        transpose_tf32(stream, reinterpret_cast<const float*>(panel), D, width, D, buf.Bt, plan.ldg);
       const index_t mask_ld = (width + FusedBackwardPlan::TILE_N - 1) /
                               FusedBackwardPlan::TILE_N;  // the mask row, as tlse_hop_gradient lays it
       g.row_dot_sums = r.dscale_part ? buf.row_dot : nullptr;
@@ -147,8 +194,11 @@ struct LseBackwardHopper {
       if (want_cols) {  // dB_panel = G^T A
         tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
                                           buf.partials, plan.partial_floats(), plan.k_splits_cols);
-        p.a_transposed = 1, p.mask_of_a_transposed = 1;
-        p.b = rows.data, p.ldb = D;
+        p.mask_of_a_transposed = 1;
+        if (tf32)
+          p.a = buf.GT, p.lda = plan.ldgt(), p.b = buf.At, p.ldb = plan.ldgt();
+        else
+          p.a_transposed = 1, p.b = rows.data, p.ldb = D;
         p.M = width, p.N = D, p.K = R;
         if (self && rows_in_acc) {
           p.out_f32 = buf.acc + first * D;
@@ -166,7 +216,10 @@ struct LseBackwardHopper {
       if (rows_in_acc) {  // acc += G B_panel
         tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
                                           buf.partials, plan.partial_floats(), plan.k_splits_rows);
-        p.b = panel, p.ldb = D;
+        if (tf32)
+          p.b = buf.Bt, p.ldb = plan.ldg;
+        else
+          p.b = panel, p.ldb = D;
         p.M = R, p.N = D, p.K = width;
         p.out_f32 = buf.acc;
         p.accumulate = 1;
@@ -186,7 +239,7 @@ struct LseBackwardHopper {
   template <class T>
   static tlse_hop_gradient_args gradient_args(const BackwardRequest<T, float>& r, const tlse_hop_side& rows) {
     tlse_hop_gradient_args g{};
-    g.dtype = TLSE_HOP_BF16;
+    g.dtype = hopper_dtype<T>(r.prob.tf32);
     g.rows = rows;
     g.depth = r.prob.depth;
     g.logit = hopper_logit(r.prob.logit);
@@ -218,6 +271,8 @@ struct LseBackwardHopper {
     g.max_col_splits = C;  // few row tiles: the columns are split to fill the device
     const bool filtered = g.filter_eps > 0.f;
     const auto* A = static_cast<const T*>(rows.data);
+    if (plan.tf32())
+      transpose_tf32(stream, reinterpret_cast<const float*>(r.prob.cols.data), D, C, D, buf.Bt, plan.ldbt_all());
     for (index_t first = 0; first < R; first += plan.row_panel) {
       const index_t height = std::min(plan.row_panel, R - first);
       g.rows.data = A + first * rows.ld;
@@ -228,7 +283,10 @@ struct LseBackwardHopper {
       tlse_hop_product_args p = product(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
                                         (C + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N, buf.partials,
                                         plan.row_panel_partial_floats(), plan.k_splits_row_panel);
-      p.b = r.prob.cols.data, p.ldb = D;
+      if (plan.tf32())
+        p.b = buf.Bt, p.ldb = plan.ldbt_all();
+      else
+        p.b = r.prob.cols.data, p.ldb = D;
       p.M = height, p.N = D, p.K = C;
       p.out = r.grad_rows + first * D;
       p.accumulate = r.accumulate;
@@ -242,9 +300,9 @@ struct LseBackwardHopper {
                                        const unsigned char* mask, index_t mask_ld, float* partials,
                                        std::int64_t partial_floats, int k_splits) {
     tlse_hop_product_args p{};
-    p.dtype = TLSE_HOP_BF16;
+    p.dtype = plan.tf32() ? TLSE_HOP_TF32 : TLSE_HOP_BF16;
     p.a = G, p.lda = ldg;
-    p.b_transposed = 1;
+    p.b_transposed = plan.tf32() ? 0 : 1;  // TF32: the caller passes the K-major copy
     p.mask = mask;
     p.mask_ld = mask ? mask_ld : 0;
     p.ldo = plan.depth;

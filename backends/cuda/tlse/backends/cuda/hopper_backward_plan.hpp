@@ -8,6 +8,9 @@
 // Where the budget does not hold the accumulator, two passes on the same kernels (row_panel > 0):
 // panels of rows, each recomputed against every column, give their rows' dA complete, then the
 // column panels give dB without dA: 5 products, no accumulator.
+// For float in TF32 (element 4) the same plans hold K-major copies besides, since wgmma reads TF32
+// operands K-major only: G^T for dB (K = rows), the inputs transposed (A^T for dB; B_panel^T, or
+// in the two passes B^T whole, for dA); G itself only where dA is summed from it.
 // Host arithmetic only, so that the host suite checks it.
 #include <algorithm>
 #include <cstddef>
@@ -18,15 +21,16 @@
 namespace tlse::impl::cuda {
 
 struct FusedBackwardPlan {
-  // The Hopper kernels' tiles (tlse_hopper.h) and the products' K step (128 bytes of bf16).
+  // The Hopper kernels' tiles (tlse_hopper.h) and the products' K step for bf16 (128 bytes).
   static constexpr std::int64_t TILE_M = 128, TILE_N = 256, K_STEP = 64;
   static constexpr int MAX_SWEEP_SPLITS = 16, MAX_K_SPLITS = 16;
   /// Past this many columns a wider panel saves nothing measurable (the accumulator's read and
   /// write per panel cost 2 / panel bytes per flop) and only takes memory.
   static constexpr std::int64_t MAX_PANEL = 16384;
-  static constexpr std::int64_t ELEMENT = 2;  // bf16
+  static constexpr std::int64_t BF16_BYTES = 2;
 
   std::int64_t rows = 0, cols = 0, depth = 0;
+  std::int64_t element = BF16_BYTES;  // bytes of an operand element: 2 (bf16) or 4 (float in TF32)
   std::int64_t panel = 0, ldg = 0;           // panel width (a multiple of TILE_N unless it is every column)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G B_panel (K = panel) and dB = G^T A (K = rows)
   /// 0: dA summed over the column panels in the accumulator. Otherwise the two passes: panels
@@ -41,15 +45,23 @@ struct FusedBackwardPlan {
   std::int64_t panel_tiles() const { return (panel + TILE_N - 1) / TILE_N; }
   std::int64_t panels() const { return panel > 0 ? (cols + panel - 1) / panel : 0; }
   bool two_passes() const { return row_panel > 0; }
+  bool tf32() const { return element == 4; }
+  std::int64_t k_step() const { return 128 / element; }     // the products' K step: 128 bytes
+  std::int64_t ldgt() const { return (rows + 7) / 8 * 8; }  // of G^T and A^T (TF32)
+  /// Of B^T in the two passes' row pass (TF32): every column.
+  std::int64_t ldbt_all() const { return (cols + 7) / 8 * 8; }
 
   /// K splits of a product with an M x N output over K: only when the output has fewer tiles than
   /// the device has SMs (a split's fp32 partial of the whole output costs memory that a better
   /// last wave does not repay), then as libtiledlse_hopper chooses them (one CTA per SM; a split
   /// costs two K steps of partial writes and sums).
-  static int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms) {
+  static int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms, std::int64_t k_step) {
     const std::int64_t out_tiles = ((M + TILE_M - 1) / TILE_M) * ((N + TILE_N - 1) / TILE_N);
     if (out_tiles >= sms) return 1;
-    return balanced_splits(out_tiles, (K + K_STEP - 1) / K_STEP, MAX_K_SPLITS, sms, 2, 1);
+    return balanced_splits(out_tiles, (K + k_step - 1) / k_step, MAX_K_SPLITS, sms, 2, 1);
+  }
+  int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms) const {
+    return product_k_splits(M, N, K, sms, k_step());
   }
 
   /// The arrays of the column panels, carved in this order (the sizes are worst cases: every
@@ -57,21 +69,27 @@ struct FusedBackwardPlan {
   /// shape; the two passes take no accumulator).
   struct Buffers {
     float* acc;           // rows x depth: dA, summed over the panels
-    char* G;              // rows x ldg bf16
+    char* G;              // rows x ldg elements (TF32 two passes: none, dB reads G^T)
     unsigned char* mask;  // row tiles x panel tiles: the tiles gradient filtering kept
     float* row_dot;       // MAX_SWEEP_SPLITS x rows: a panel's row sums of dL/dz * dot (dscale)
     float* col_sums;      // row tiles x panel: a panel's column sums of dL/dz (dbias)
-    char* panel_rows;     // panel x depth bf16: the panel's columns gathered through the index
+    char* panel_rows;     // panel x depth elements: the panel's columns gathered through the index
+    float* GT;            // TF32: panel x ldgt, G^T
+    float* At;            // TF32: depth x ldgt, the rows transposed (dB's K-major operand)
+    float* Bt;            // TF32 with the accumulator: depth x ldg, the panel's columns transposed
     float* partials;      // the products' K-split partials
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
     b.acc = c.take<float>(two_passes() ? 0 : rows * depth);
-    b.G = c.take<char>(rows * ldg * ELEMENT);
+    b.G = c.take<char>(tf32() && two_passes() ? 0 : rows * ldg * element);
     b.mask = c.take<unsigned char>(row_tiles() * panel_tiles());
     b.row_dot = c.take<float>(MAX_SWEEP_SPLITS * rows);
     b.col_sums = c.take<float>(row_tiles() * panel);
-    b.panel_rows = c.take<char>(panel * depth * ELEMENT);
+    b.panel_rows = c.take<char>(panel * depth * element);
+    b.GT = c.take<float>(tf32() ? panel * ldgt() : 0);
+    b.At = c.take<float>(tf32() ? depth * ldgt() : 0);
+    b.Bt = c.take<float>(tf32() && !two_passes() ? depth * ldg : 0);
     b.partials = c.take<float>(partial_floats());
     return b;
   }
@@ -83,16 +101,18 @@ struct FusedBackwardPlan {
   /// The arrays of the row panels (two passes), carved from the same base as the column
   /// panels' (one pass after the other): the plan takes the larger of the two.
   struct RowPanelBuffers {
-    char* G;              // row_panel x ldg_rows bf16
+    char* G;              // row_panel x ldg_rows elements
     unsigned char* mask;  // row tiles of a panel x column tiles
     int* ids;             // rows: 0, 1, ..., the rows' ids as the gradient kernel reads them
+    float* Bt;            // TF32: depth x ldbt_all(), every column transposed (dA's K-major operand)
     float* partials;      // dA_panel's K-split partials
   };
   RowPanelBuffers carve_row_panels(WorkspaceCarver& c) const {
     RowPanelBuffers b;
-    b.G = c.take<char>(row_panel * ldg_rows * ELEMENT);
+    b.G = c.take<char>(row_panel * ldg_rows * element);
     b.mask = c.take<unsigned char>((row_panel + TILE_M - 1) / TILE_M * ((cols + TILE_N - 1) / TILE_N));
     b.ids = c.take<int>(rows);
+    b.Bt = c.take<float>(tf32() ? depth * ldbt_all() : 0);
     b.partials = c.take<float>(row_panel_partial_floats());
     return b;
   }
@@ -105,18 +125,20 @@ struct FusedBackwardPlan {
     return sizing.bytes();
   }
 
-  /// The plan for `panel` columns per panel; with row_panel > 0, the two passes with that many
-  /// rows per row panel, their products split (split) or not.
+  /// The plan for `panel` columns per panel of operands of `element` bytes; with row_panel > 0,
+  /// the two passes with that many rows per row panel, their products split (split) or not.
   static FusedBackwardPlan with_panel(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel,
-                                      int sms, std::int64_t row_panel = 0, bool split = true) {
+                                      int sms, std::int64_t row_panel = 0, bool split = true,
+                                      std::int64_t element = BF16_BYTES) {
     FusedBackwardPlan p;
     p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel, p.row_panel = row_panel;
+    p.element = element;
     p.ldg = (panel + 7) / 8 * 8;
-    p.k_splits_rows = row_panel > 0 ? 1 : product_k_splits(rows, depth, panel, sms);
-    p.k_splits_cols = split ? product_k_splits(panel, depth, rows, sms) : 1;
+    p.k_splits_rows = row_panel > 0 ? 1 : p.product_k_splits(rows, depth, panel, sms);
+    p.k_splits_cols = split ? p.product_k_splits(panel, depth, rows, sms) : 1;
     if (row_panel > 0) {
       p.ldg_rows = (cols + 7) / 8 * 8;
-      p.k_splits_row_panel = split ? product_k_splits(row_panel, depth, cols, sms) : 1;
+      p.k_splits_row_panel = split ? p.product_k_splits(row_panel, depth, cols, sms) : 1;
     }
     WorkspaceCarver sizing;
     p.carve(sizing);
@@ -150,13 +172,13 @@ struct FusedBackwardPlan {
   /// how well dB's output tiles (panel / TILE_M x depth / TILE_N) fill the last wave, and how
   /// often dA's accumulator is read and written.
   std::int64_t cost(int sms) const {
-    const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N, row_steps = (rows + K_STEP - 1) / K_STEP;
+    const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N, row_steps = (rows + k_step() - 1) / k_step();
     const std::int64_t row_tiles_x_depth = row_tiles() * depth_tiles;
     const auto panel_cost = [&](std::int64_t width) {
       const std::int64_t width_tiles = (width + TILE_M - 1) / TILE_M;
       return product_steps(width_tiles * depth_tiles, row_steps, product_k_splits(width, depth, rows, sms), sms, 0) +
-             product_steps(row_tiles_x_depth, (width + K_STEP - 1) / K_STEP, product_k_splits(rows, depth, width, sms),
-                           sms, ACCUMULATE_STEPS) +
+             product_steps(row_tiles_x_depth, (width + k_step() - 1) / k_step(),
+                           product_k_splits(rows, depth, width, sms), sms, ACCUMULATE_STEPS) +
              2 * LAUNCH_STEPS;
     };
     return over_panels(cols, panel, panel_cost);
@@ -168,7 +190,7 @@ struct FusedBackwardPlan {
     const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N;
     // A complete M x depth output over K, split at most `most_splits` ways.
     const auto complete = [&](std::int64_t M, std::int64_t K, int most_splits) {
-      return product_steps((M + TILE_M - 1) / TILE_M * depth_tiles, (K + K_STEP - 1) / K_STEP,
+      return product_steps((M + TILE_M - 1) / TILE_M * depth_tiles, (K + k_step() - 1) / k_step(),
                            std::min(most_splits, product_k_splits(M, depth, K, sms)), sms, 0) +
              2 * LAUNCH_STEPS;
     };
@@ -177,14 +199,23 @@ struct FusedBackwardPlan {
   }
 
   /// The panel (up to MAX_PANEL) whose workspace fits `budget` and whose cost() is least, the
-  /// wider one on a tie. Where no panel's accumulator fits, the two passes of least
-  /// two_pass_cost() that fit; fits = false (and the narrowest plan) when not even those do.
-  static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms);
+  /// wider one on a tie. Where no panel's accumulator fits (TF32: no panel of MIN_TF32_PANEL), the
+  /// two passes of least two_pass_cost() that fit (TF32: else the narrower one-pass panel);
+  /// fits = false (and the narrowest plan) when nothing does.
+  static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms,
+                                std::int64_t element = BF16_BYTES);
 
   /// The two passes: the column panel and the row panel are chosen apart (they share the
   /// workspace one after the other), each the least costly that fits, split products first.
   static FusedBackwardPlan make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
-                                           std::size_t budget, int sms);
+                                           std::size_t budget, int sms, std::int64_t element = BF16_BYTES);
+
+  /// TF32's one-pass plans narrower than this many columns (unless that is every column) lose to
+  /// its two passes, which cost() does not see: per panel the sweep writes G and G^T in fp32 and
+  /// the accumulator is read and written. Measured on the H100 (2026-11-25, contrastive B = 65536,
+  /// c = 512): one pass with panels of 256 columns 144.5 ms fwd+bwd (512 MiB), two passes with
+  /// column and row panels of 768 105.4 ms (384 MiB), one pass with panels of 1280 99.4 ms (1 GiB).
+  static constexpr std::int64_t MIN_TF32_PANEL = 1024;
 
   /// Past this many rows a row panel's G (rows x every column) only takes memory: its product
   /// (K = every column) fills the device from a few hundred rows.
@@ -220,30 +251,36 @@ struct FusedBackwardPlan::Cheapest {
 };
 
 inline FusedBackwardPlan FusedBackwardPlan::make(std::int64_t rows, std::int64_t cols, std::int64_t depth,
-                                                 std::size_t budget, int sms) {
-  Cheapest best;
+                                                 std::size_t budget, int sms, std::int64_t element) {
+  // TF32 takes one-pass panels narrower than MIN_TF32_PANEL only where its two passes do not fit.
+  const std::int64_t wide = element == 4 ? std::min(cols, MIN_TF32_PANEL) : 1;
+  Cheapest wide_best, narrow_best;
   for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
-    best.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms), budget,
+    (panel >= wide ? wide_best : narrow_best)
+        .offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, 0, true, element), budget,
                [&](const FusedBackwardPlan& p) { return p.cost(sms); });
-  return best.plan.fits ? best.plan : make_two_passes(rows, cols, depth, budget, sms);
+  if (wide_best.plan.fits) return wide_best.plan;
+  const FusedBackwardPlan two = make_two_passes(rows, cols, depth, budget, sms, element);
+  return two.fits || !narrow_best.plan.fits ? two : narrow_best.plan;
 }
 
 inline FusedBackwardPlan FusedBackwardPlan::make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
-                                                            std::size_t budget, int sms) {
+                                                            std::size_t budget, int sms, std::int64_t element) {
   const auto cost = [&](const FusedBackwardPlan& p) { return p.two_pass_cost(sms); };
   for (bool split : {true, false}) {
     // Columns first, with the narrowest row panel; then the row panel under that column panel.
     Cheapest columns;
     for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
-      columns.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split), budget,
-                    cost);
+      columns.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split, element),
+                    budget, cost);
     if (!columns.plan.fits) continue;
     Cheapest best;
     for (std::int64_t height = widest(rows, TILE_M, MAX_ROW_PANEL); height > 0; height = narrower(height, TILE_M))
-      best.offer(with_panel(rows, cols, depth, columns.plan.panel, sms, std::min(height, rows), split), budget, cost);
+      best.offer(with_panel(rows, cols, depth, columns.plan.panel, sms, std::min(height, rows), split, element), budget,
+                 cost);
     if (best.plan.fits) return best.plan;
   }
-  return with_panel(rows, cols, depth, std::min(TILE_N, cols), sms);  // fits = false
+  return with_panel(rows, cols, depth, std::min(TILE_N, cols), sms, 0, true, element);  // fits = false
 }
 
 }  // namespace tlse::impl::cuda

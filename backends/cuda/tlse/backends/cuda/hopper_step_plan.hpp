@@ -45,7 +45,7 @@ struct StepPlan {
     Buffers b;
     b.logits = c.take<float>(chunk * ld_logits);
     b.partials = c.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * chunk);
-    b.chunk_rows = c.take<char>(chunk * depth * FusedBackwardPlan::ELEMENT);
+    b.chunk_rows = c.take<char>(chunk * depth * FusedBackwardPlan::BF16_BYTES);
     b.acc = c.take<float>(chunks() > 1 ? cols * depth : 0);
     b.k_partials = c.take<float>(k_partial_floats());
     return b;
@@ -59,8 +59,8 @@ struct StepPlan {
     StepPlan p;
     p.rows = rows, p.cols = cols, p.depth = depth, p.chunk = chunk;
     p.ld_logits = (cols + 3) / 4 * 4;
-    p.k_splits_rows = FusedBackwardPlan::product_k_splits(chunk, depth, cols, sms);
-    p.k_splits_cols = FusedBackwardPlan::product_k_splits(cols, depth, chunk, sms);
+    p.k_splits_rows = FusedBackwardPlan::product_k_splits(chunk, depth, cols, sms, FusedBackwardPlan::K_STEP);
+    p.k_splits_cols = FusedBackwardPlan::product_k_splits(cols, depth, chunk, sms, FusedBackwardPlan::K_STEP);
     WorkspaceCarver sizing;
     p.carve(sizing);
     p.bytes = sizing.bytes();
