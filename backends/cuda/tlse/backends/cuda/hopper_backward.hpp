@@ -67,11 +67,7 @@ __global__ void transpose_tf32_kernel(const float* src, index_t ld, index_t coun
   const index_t p0 = index_t(blockIdx.x) * 32, k0 = index_t(blockIdx.y) * 32;
   for (int i = threadIdx.y; i < 32; i += 8) {
     const index_t p = p0 + i, k = k0 + threadIdx.x;
-    if (p < count && k < depth) {
-      std::uint32_t bits;
-      asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(src[p * ld + k]));
-      tile[i][threadIdx.x] = __uint_as_float(bits);
-    }
+    if (p < count && k < depth) tile[i][threadIdx.x] = round_to_tf32(src[p * ld + k]);
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += 8) {

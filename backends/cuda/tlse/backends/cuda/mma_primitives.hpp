@@ -42,10 +42,17 @@ struct MmaOp<float16> {
   }
 };
 
+/// v rounded to TF32 (10-bit mantissa, to nearest, ties away from zero), as a float.
+__device__ __forceinline__ float round_to_tf32(float v) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+
 template <>
 struct MmaOp<float> {
   static __device__ __forceinline__ void prepare(unsigned* r, int n) {
-    for (int i = 0; i < n; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r[i]) : "f"(__uint_as_float(r[i])));
+    for (int i = 0; i < n; ++i) r[i] = __float_as_uint(round_to_tf32(__uint_as_float(r[i])));
   }
   static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
     asm volatile(
