@@ -28,8 +28,15 @@ int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   e.row_terms = device_terms(a.row_terms), e.col_terms = device_terms(a.col_terms);
   e.filter_eps = a.filter_eps;
   e.col_begin = a.col_begin, e.col_end = a.col_end;
-  e.G = static_cast<Input*>(a.G), e.ldg = a.ldg;
-  e.GT = static_cast<Input*>(a.GT), e.ldgt = a.ldgt;
+  e.G = static_cast<Input*>(a.G), e.GT = static_cast<Input*>(a.GT);
+  constexpr CUtensorMapDataType type =
+      std::is_same_v<Input, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  if (a.G)
+    if (int error = StagedStore::describe("tlse_hop_gradient: G", e.g_map, type, a.G, a.rows.count, width, a.ldg))
+      return error;
+  if (a.GT)
+    if (int error = StagedStore::describe("tlse_hop_gradient: G^T", e.gt_map, type, a.GT, width, a.rows.count, a.ldgt))
+      return error;
   e.tile_mask = a.filter_eps > 0.f ? a.tile_mask : nullptr;
   e.mask_ld = col_tiles;
   e.row_dot_sums = a.row_dot_sums, e.col_sums = a.col_sums;

@@ -9,6 +9,7 @@
 // fate under gradient filtering: a tile whose softmax entries are all below filter_eps and that
 // holds no target is marked 0 in tile_mask and not stored (the products skip it).
 #include "fragment_reductions.cuh"
+#include "staged_store.cuh"
 
 namespace tlse::hopper {
 
@@ -19,10 +20,9 @@ struct GradientParams {
   DeviceTerms row_terms, col_terms;
   float filter_eps;
   int64_t col_begin, col_end;
-  T* G;
-  int64_t ldg;
+  T* G;   // G[row * ldg + col - col_begin], or nullptr
   T* GT;  // G^T: GT[(col - col_begin) * ldgt + row], or nullptr (TF32 only)
-  int64_t ldgt;
+  CUtensorMap g_map, gt_map;  // their tensor maps (StagedStore::describe), where they are set
   uint8_t* tile_mask;
   int64_t mask_ld;
   float* row_dot_sums;
@@ -36,6 +36,7 @@ struct GradientEpilogue {
     TermsAt other[TILE_N];
     float col_sum[8][TILE_N];
     int flags[2][8];
+    StagedStore::Storage staged;  // G's and G^T's boxes on their way out
   };
   static constexpr int ROWS = Fragment::ROWS;
 
@@ -93,9 +94,9 @@ struct GradientEpilogue {
       parity ^= 1;
       if (ct == 0) p.tile_mask[int64_t(m) * p.mask_ld + n] = keep;
     }
-    if (p.G && keep) store(acc, c, row0, col0);
-    if constexpr (std::is_same_v<T, float>)  // only TF32 needs G^T: bf16's code stays as it was
-      if (p.GT && keep) store_transposed(acc, c, row0, col0);
+    if (p.G && keep) store(acc, c, m, n);
+    if constexpr (std::is_same_v<T, float>)  // only TF32 needs G^T
+      if (p.GT && keep) store_transposed(acc, c, m, n);
   }
 
   /// dlogits for a tile whose columns all take the simple model (x = scale * dot) and with the
@@ -194,47 +195,56 @@ struct GradientEpilogue {
     }
   }
 
-  /// G = scale * dL/dz in the input type, two adjacent columns per store.
+  /// G = scale * dL/dz in the input type, through StagedStore: box b of the warp holds its 16 rows
+  /// of tile columns [b W, (b + 1) W), W = 64 bytes of the type, a row per line; the thread's
+  /// adjacent pairs of columns go as one 4-byte (bf16) or 8-byte (float) store.
   template <class Acc>
-  __device__ void store(const Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
+  __device__ void store(const Acc& acc, const Fragment& c, int m, int n) {
+    constexpr int W = StagedStore::LINE_BYTES / int(sizeof(T)), PAIRS = W / 8;  // per row of a box
     const float scale = p.logit.scale;
+    const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t row = row0 + c.row(r);
-      if (row >= p.rows.count) continue;
-      T* out = p.G + row * p.ldg + (col0 - p.col_begin);
+    for (int b = 0; b < TILE_N / W; ++b)
+      StagedStore::put(s.staged, warp, lane, b & 1, p.g_map, n * TILE_N + b * W, m * TILE_M + 16 * warp,
+                       [&](uint32_t box) {
 #pragma unroll
-      for (int j = 0; j < Fragment::COLS; j += 2) {
-        const int jc = c.col(j);  // even; jc + 1 is column j + 1
-        if (col0 + jc >= p.col_end) continue;
-        const T v0 = stored(Fragment::at(acc, r, j) * scale), v1 = stored(Fragment::at(acc, r, j + 1) * scale);
-        if constexpr (sizeof(T) == 2) {
-          cutlass::Array<T, 2> pair;
-          pair[0] = v0, pair[1] = v1;
-          *reinterpret_cast<cutlass::Array<T, 2>*>(out + jc) = pair;  // ldg and col_begin even
-        } else {
-          *reinterpret_cast<float2*>(out + jc) = make_float2(v0, v1);
-        }
-      }
-    }
+                         for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                           for (int u = 0; u < PAIRS; ++u) {
+                             const int j = 2 * (b * PAIRS + u);  // the pair's first fragment column
+                             const float v0 = Fragment::at(acc, r, j) * scale, v1 = Fragment::at(acc, r, j + 1) * scale;
+                             const uint32_t at =
+                                 box + StagedStore::offset((lane >> 2) + 8 * r, (c.col_base + 8 * u) * int(sizeof(T)));
+                             if constexpr (sizeof(T) == 2) {
+                               cutlass::Array<T, 2> pair;
+                               pair[0] = stored(v0), pair[1] = stored(v1);
+                               StagedStore::store4(at, reinterpret_cast<const uint32_t&>(pair));
+                             } else {
+                               StagedStore::store8(at, stored(v0), stored(v1));
+                             }
+                           }
+                       });
   }
 
-  /// G^T, one element per store: the 8 rows of a quad column are adjacent, so each store of a warp
-  /// fills whole 32-byte sectors (4 columns x 8 rows of float).
+  /// G^T (float) through StagedStore: box k of the warp holds tile columns [16 k, 16 k + 16), a
+  /// column per line of its 16 rows (fragment columns 4k to 4k + 3 of the thread).
   template <class Acc>
-  __device__ void store_transposed(const Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
+  __device__ void store_transposed(const Acc& acc, const Fragment& c, int m, int n) {
     const float scale = p.logit.scale;
+    const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t row = row0 + c.row(r);
-      if (row >= p.rows.count) continue;
-      T* out = p.GT + (col0 - p.col_begin) * p.ldgt + row;
+    for (int k = 0; k < TILE_N / 16; ++k)
+      StagedStore::put(
+          s.staged, warp, lane, k & 1, p.gt_map, m * TILE_M + 16 * warp, n * TILE_N + 16 * k, [&](uint32_t box) {
 #pragma unroll
-      for (int j = 0; j < Fragment::COLS; ++j) {
-        const int jc = c.col(j);
-        if (col0 + jc < p.col_end) out[jc * p.ldgt] = stored(Fragment::at(acc, r, j) * scale);
-      }
-    }
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const float v = stored(Fragment::at(acc, r, 4 * k + i) * scale);
+                const int line = c.col_base + 8 * (i >> 1) + (i & 1);
+                StagedStore::store4(box + StagedStore::offset(line, ((lane >> 2) + 8 * r) * 4), __float_as_uint(v));
+              }
+          });
   }
 
   /// A value of G as the products read it: the input type, or for TF32 float rounded to nearest
@@ -250,6 +260,7 @@ struct GradientEpilogue {
   }
 
   __device__ void end_row(const Fragment& c, const WorkUnit& w, int m) {
+    if (p.G || p.GT) StagedStore::drain(ct & 31);  // before the CTA's shared memory goes away
     if (!p.row_dot_sums) return;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {

@@ -242,6 +242,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
   CUDA_OK(cudaMemset(G, 0, size_t(R * ldg * elem)));
   if (tf32) CUDA_OK(cudaMalloc(&GT, size_t(W * ldgt * elem)));
+  if (tf32) CUDA_OK(cudaMemset(GT, 0, size_t(W * ldgt * elem)));
   const int64_t row_tiles = (R + TLSE_HOP_TILE_M - 1) / TLSE_HOP_TILE_M,
                 col_tiles = (W + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N;
   uint8_t* mask = nullptr;
@@ -292,6 +293,48 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   }
   int64_t kept = 0;
   for (auto v : h_mask) kept += v != 0;
+  // G (and G^T) element by element: each value rounded once to the stored type (unit roundoff
+  // bf16 2^-8, TF32 2^-11; bounded here by twice that, for the logits' fp32 sums and ex2.approx),
+  // zero in the tiles gradient filtering dropped, and nothing written past the panel's columns or
+  // the rows (the buffers' padding stays zero).
+  double worst_g = 0;
+  int64_t outside = 0;
+  {
+    const double ug = std::ldexp(1.0, tf32 ? -10 : -7);
+    const auto values = [&](void* d, size_t n) {
+      std::vector<double> h(n);
+      if (tf32) {
+        const auto f = download(static_cast<float*>(d), n);
+        std::copy(f.begin(), f.end(), h.begin());
+      } else {
+        const auto b = download(static_cast<__nv_bfloat16*>(d), n);
+        for (size_t i = 0; i < n; ++i) h[i] = double(__bfloat162float(b[i]));
+      }
+      return h;
+    };
+    const auto check = [&](double got, int64_t i, int64_t j) {
+      const bool stored = filter_eps <= 0 || h_mask[(i / TLSE_HOP_TILE_M) * col_tiles + j / TLSE_HOP_TILE_N] != 0;
+      const double ref = stored ? dz[i * W + j] * scale : 0.0;
+      const double target_term = target[i] == col_begin + j ? double(w[i]) : 0.0;
+      worst_g = std::max(worst_g, std::fabs(got - ref) / (ug * (std::fabs(ref) + target_term) + 1e-7));
+    };
+    const auto hG = values(G, size_t(R * ldg));
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < ldg; ++j)
+        if (j < W)
+          check(hG[i * ldg + j], i, j);
+        else
+          outside += hG[i * ldg + j] != 0;
+    if (tf32) {
+      const auto hGT = values(GT, size_t(W * ldgt));
+      for (int64_t j = 0; j < W; ++j)
+        for (int64_t i = 0; i < ldgt; ++i)
+          if (i < R)
+            check(hGT[j * ldgt + i], i, j);
+          else
+            outside += hGT[j * ldgt + i] != 0;
+    }
+  }
   // Products. dA (R x D fp32) = G B_panel; dB (W x D bf16, rows through a reversed index) = G^T A.
   float* dA_out = nullptr;
   CUDA_OK(cudaMalloc(&dA_out, size_t(R * D) * sizeof(float)));
@@ -365,12 +408,14 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
       const double got = h_dB[order[j] * D + k];
       worst_dB = std::max(worst_dB, std::fabs(got - ref) / (u * bound + u * std::fabs(ref) + 1e-6));
     }
-  char buf[200];
+  char buf[300];
   std::snprintf(buf, sizeof buf,
-                ": tiles kept %ld/%ld, k splits %ld/%ld, err/tol rowsum %.3f colsum %.3f dA %.3f dB %.3f", long(kept),
-                long(row_tiles * col_tiles), long(splits_a), long(p.k_splits), worst_rowsum, worst_colsum, worst_dA,
-                worst_dB);
-  expect(worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1, name + buf);
+                ": tiles kept %ld/%ld, k splits %ld/%ld, err/tol G %.3f rowsum %.3f colsum %.3f dA %.3f dB %.3f, "
+                "%ld written outside",
+                long(kept), long(row_tiles * col_tiles), long(splits_a), long(p.k_splits), worst_g, worst_rowsum,
+                worst_colsum, worst_dA, worst_dB, long(outside));
+  expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1,
+         name + buf);
   for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask,
                     (void*)row_dot, (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace, At, Bt})
     cudaFree(ptr);

@@ -1,0 +1,69 @@
+#pragma once
+// An epilogue's results leave through TMA: each consumer warp stages its part of a tile in shared
+// memory, one 1 KiB box at a time (16 lines of 64 bytes in TMA's 64-byte swizzle, under which the
+// fragment's stores meet at most two-way bank conflicts), and one lane stores the box with
+// cp.async.bulk.tensor. The warp's two boxes alternate: a box is refilled once the store before
+// the last has read it. Stored from the registers instead, a warp's 4-byte stores each filled
+// four 32-byte sectors of different lines (G^T) or eight (G in bf16), and the gradient sweeps of
+// TF32 ran 36 us per tile and wave against a 9 us mainloop. Plain PTX on the device: CuTe's copy
+// objects in the epilogue's unrolled loops went to local memory (a billion local requests per
+// sweep, 14x slower).
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "tile_config.cuh"
+
+namespace tlse::hopper {
+
+struct StagedStore {
+  static constexpr int LINES = 16, LINE_BYTES = 64, BOX_BYTES = LINES * LINE_BYTES;
+  static constexpr int WARPS = CONSUMER_THREADS / 32;
+  struct Storage {
+    alignas(1024) char box[2 * WARPS][BOX_BYTES];
+  };
+
+  /// The tensor map of a row-major matrix (rows x cols elements of `type`, leading dimension ld
+  /// elements, 16-byte aligned) in boxes of 16 rows of 64 bytes; 0, or the failure (named after `call`).
+  static int describe(const char* call, CUtensorMap& map, CUtensorMapDataType type, void* data, int64_t rows,
+                      int64_t cols, int64_t ld);
+
+  /// Byte offset of (line, byte) in a box under the 64-byte swizzle (bits 4-5 ^= bits 7-8).
+  __device__ __forceinline__ static uint32_t offset(int line, int byte) {
+    const uint32_t o = uint32_t(line * LINE_BYTES + byte);
+    return o ^ (((o >> 7) & 3u) << 4);
+  }
+
+  /// Stages one box of the warp (fill(address of the box in shared memory) writes it) in buffer
+  /// `parity` and stores it at column x, row y of `map`; TMA clips what lies outside the matrix.
+  template <class Fill>
+  __device__ __forceinline__ static void put(Storage& s, int warp, int lane, int parity, const CUtensorMap& map,
+                                             int32_t x, int32_t y, Fill&& fill) {
+    const uint32_t box = uint32_t(__cvta_generic_to_shared(s.box[2 * warp + parity]));
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // the box is free
+    __syncwarp();
+    fill(box);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes are visible to TMA
+    __syncwarp();
+    if (lane == 0)
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<uint64_t>(&map)),
+          "r"(box), "r"(x), "r"(y)
+          : "memory");
+  }
+
+  /// The warp's stores have read their boxes (before the CTA's shared memory goes away).
+  __device__ __forceinline__ static void drain(int lane) {
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
+
+  __device__ __forceinline__ static void store4(uint32_t at, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(v) : "memory");
+  }
+  __device__ __forceinline__ static void store8(uint32_t at, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(b) : "memory");
+  }
+};
+
+}  // namespace tlse::hopper
