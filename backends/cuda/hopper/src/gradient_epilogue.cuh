@@ -39,6 +39,9 @@ struct GradientEpilogue {
     StagedStore::Storage staged;  // G's and G^T's boxes on their way out
   };
   static constexpr int ROWS = Fragment::ROWS;
+  // A warp's rows of a tile, a box's lines: G's box takes a row per line, G^T's a column per line.
+  static constexpr int LINES = StagedStore::LINES;
+  static_assert(LINES == 16, "a consumer warp holds 16 rows of a tile (wgmma m64, 4 warps)");
 
   const Params& p;
   SharedStorage& s;
@@ -205,7 +208,7 @@ struct GradientEpilogue {
     const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
     for (int b = 0; b < TILE_N / W; ++b)
-      StagedStore::put(s.staged, warp, lane, b & 1, p.g_map, n * TILE_N + b * W, m * TILE_M + 16 * warp,
+      StagedStore::put(s.staged, warp, lane, b & 1, p.g_map, n * TILE_N + b * W, m * TILE_M + LINES * warp,
                        [&](uint32_t box) {
 #pragma unroll
                          for (int r = 0; r < ROWS; ++r)
@@ -233,9 +236,9 @@ struct GradientEpilogue {
     const float scale = p.logit.scale;
     const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
-    for (int k = 0; k < TILE_N / 16; ++k)
+    for (int k = 0; k < TILE_N / LINES; ++k)
       StagedStore::put(
-          s.staged, warp, lane, k & 1, p.gt_map, m * TILE_M + 16 * warp, n * TILE_N + 16 * k, [&](uint32_t box) {
+          s.staged, warp, lane, k & 1, p.gt_map, m * TILE_M + LINES * warp, n * TILE_N + LINES * k, [&](uint32_t box) {
 #pragma unroll
             for (int r = 0; r < ROWS; ++r)
 #pragma unroll
