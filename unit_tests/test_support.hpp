@@ -170,8 +170,13 @@ struct Tolerance {
   /// The last u_out * mag: with 16-bit inputs a backend may round G = dL/dx to the input type
   /// before the gradient product (the CUDA tensor-core backward does, as CCE does), which adds
   /// |sum_i e_i G_i X_i| <= u_out sum_i |G_i X_i| = u_out * mag (0 for float and double).
-  double grad(double ref, double mag, std::int64_t n) const {
-    return (4 * delta + 8 * (u + U_REF) * std::sqrt(double(n) + 1) + u_out) * mag + u_out * std::fabs(ref) + floor;
+  /// lse_error: a bound on the error of the LSEs the probabilities are normalized by (tol.lse of
+  /// the largest). p = exp(x - lse) carries it as a relative error into every one of the n terms,
+  /// so into the sum as lse_error * mag. The sqrt(n) term covers it only when the LSE sums about n
+  /// terms too; cross-entropy's dC sums N rows of softmaxes over V >> N classes.
+  double grad(double ref, double mag, std::int64_t n, double lse_error = 0) const {
+    return (4 * delta + 8 * (u + U_REF) * std::sqrt(double(n) + 1) + u_out + lse_error) * mag + u_out * std::fabs(ref) +
+           floor;
   }
 };
 
