@@ -73,9 +73,12 @@ typedef struct {
 /* The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
  * row_max/row_sum[split y][rows positions] for the column splits (rows without a position unwritten), col_max/col_sum/col_logit_sum
  * [row group x][cols.count] for the row groups (each group owns its column slots).
- * logits (optional): every logit x, as float, at logits[row position * ld_logits + col] (col <
- * cols.count; -inf where masked): the training step keeps them for its gradient instead of
- * recomputing the tiles (ld_logits even, logits 8-byte aligned). */
+ * logits (optional, bf16 inputs without column outputs): every logit x, as float, at
+ * logits[row * ld_logits + col] (row < rows.count, col < cols.count; -inf where masked; rows
+ * without a position, rows.position NULL): the training step keeps them for its gradient instead
+ * of recomputing the tiles. TMA stores them: ld_logits a multiple of 4, logits 16-byte aligned,
+ * and a row's last 16-byte chunk is written whole (up to 3 floats past cols.count, within
+ * ld_logits, get values that are not logits). */
 typedef struct {
   int32_t dtype;
   tlse_hop_side rows, cols;
@@ -103,7 +106,9 @@ typedef struct {
  * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (TF32: float rounded to TF32)
  * and/or (TF32) its transpose GT[(col - col_begin) * ldgt + row], tiles left unwritten where
  * filtered; tile_mask[row tile][panel column tile] = 0 where every softmax entry of the 128 x 256
- * tile is below filter_eps and it holds no target, 1 otherwise. */
+ * tile is below filter_eps and it holds no target, 1 otherwise. TMA stores G and GT and writes a
+ * line's last 16-byte chunk whole: the elements past the panel width (G) or the rows (GT) up to the
+ * next 16 bytes, within ldg / ldgt, get zeros. */
 typedef struct {
   int32_t dtype; /* TLSE_HOP_BF16 or TLSE_HOP_TF32 (fp16 cannot hold G unscaled) */
   tlse_hop_side rows, cols;

@@ -198,35 +198,17 @@ struct GradientEpilogue {
     }
   }
 
-  /// G = scale * dL/dz in the input type, through StagedStore: box b of the warp holds its 16 rows
-  /// of tile columns [b W, (b + 1) W), W = 64 bytes of the type, a row per line; the thread's
-  /// adjacent pairs of columns go as one 4-byte (bf16) or 8-byte (float) store.
+  /// G = scale * dL/dz in the input type, through StagedStore, a row per line.
   template <class Acc>
   __device__ void store(const Acc& acc, const Fragment& c, int m, int n) {
-    constexpr int W = StagedStore::LINE_BYTES / int(sizeof(T)), PAIRS = W / 8;  // per row of a box
     const float scale = p.logit.scale;
-    const int warp = ct >> 5, lane = ct & 31;
-#pragma unroll
-    for (int b = 0; b < TILE_N / W; ++b)
-      StagedStore::put(s.staged, warp, lane, b & 1, p.g_map, n * TILE_N + b * W, m * TILE_M + LINES * warp,
-                       [&](uint32_t box) {
-#pragma unroll
-                         for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                           for (int u = 0; u < PAIRS; ++u) {
-                             const int j = 2 * (b * PAIRS + u);  // the pair's first fragment column
-                             const float v0 = Fragment::at(acc, r, j) * scale, v1 = Fragment::at(acc, r, j + 1) * scale;
-                             const uint32_t at =
-                                 box + StagedStore::offset((lane >> 2) + 8 * r, (c.col_base + 8 * u) * int(sizeof(T)));
-                             if constexpr (sizeof(T) == 2) {
-                               cutlass::Array<T, 2> pair;
-                               pair[0] = stored(v0), pair[1] = stored(v1);
-                               StagedStore::store4(at, reinterpret_cast<const uint32_t&>(pair));
-                             } else {
-                               StagedStore::store8(at, stored(v0), stored(v1));
-                             }
-                           }
-                       });
+    StagedStore::put_rows<T>(s.staged, ct >> 5, ct & 31, p.g_map, m, n, c, [&](int r, int j) {
+      const float v = Fragment::at(acc, r, j) * scale;
+      if constexpr (std::is_same_v<T, float>)
+        return stored(v);  // TF32
+      else
+        return v;  // put_rows rounds it to T
+    });
   }
 
   /// G^T (float) through StagedStore: box k of the warp holds tile columns [16 k, 16 k + 16), a

@@ -7,9 +7,10 @@
 // exponentials under it and the logit sum are merged into the column slot of the unit's row group,
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
 // the slot a tile merges into is read before the tile's products run. No atomics. On request the
-// logits themselves are stored too (float, by row position), for a training step that turns them
-// into the gradient without recomputing the tiles.
+// logits themselves are stored too (float, by row, through StagedStore), for a training step that
+// turns them into the gradient without recomputing the tiles.
 #include "fragment_reductions.cuh"
+#include "staged_store.cuh"
 
 namespace tlse::hopper {
 
@@ -19,16 +20,17 @@ struct LseForwardParams {
   DeviceLogitModel<T> logit;
   float *row_max, *row_sum;
   float *col_max, *col_sum, *col_logit_sum;
-  float* logits;  // nullptr: not kept
-  int64_t ld_logits;
+  CUtensorMap logits_map;  // the kept logits (float, rows x cols), with Logits only
 };
 
 template <class T, bool Columns, bool Logits = false>
 struct LseForwardEpilogue {
   using Params = LseForwardParams<T>;
+  struct NoStaging {};
   struct SharedStorage {
     float max[Columns ? 8 : 1][TILE_N], sum[Columns ? 8 : 1][TILE_N], total[Columns ? 8 : 1][TILE_N];
     float tile_max[Columns ? TILE_N : 1];
+    std::conditional_t<Logits, StagedStore::Storage, NoStaging> staged;  // the logits' boxes on their way out
   };
   static constexpr int ROWS = Fragment::ROWS;
 
@@ -68,6 +70,9 @@ struct LseForwardEpilogue {
       rows<true>(acc, c, row0, col0);
     else
       rows<false>(acc, c, row0, col0);
+    if constexpr (Logits)
+      StagedStore::put_rows<float>(s.staged, ct >> 5, ct & 31, p.logits_map, m, n, c,
+                                   [&](int r, int j) { return Fragment::at(acc, r, j); });
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
@@ -93,28 +98,11 @@ struct LseForwardEpilogue {
           mx = nan_max(mx, x);
         }
       }
-      if constexpr (Logits) store_logits(acc, c, r, row, col0);
       if (mx == NEG_INF) continue;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < Fragment::COLS; ++j) sum += exp_shifted(Fragment::at(acc, r, j), mx);
       lse_merge(run_max[r], run_sum[r], mx, sum);
-    }
-  }
-
-  /// Row r of the thread's fragment (logits now) to p.logits, two adjacent columns per store.
-  template <class Acc>
-  __device__ __forceinline__ void store_logits(const Acc& acc, const Fragment& c, int r, int64_t row, int64_t col0) {
-    const int64_t pos = p.rows.output(row);
-    if (pos < 0) return;
-    float* out = p.logits + pos * p.ld_logits + col0;
-#pragma unroll
-    for (int j = 0; j < Fragment::COLS; j += 2) {
-      const int jc = c.col(j);  // even; jc + 1 is column j + 1
-      if (col0 + jc + 1 < p.cols.count)
-        *reinterpret_cast<float2*>(out + jc) = make_float2(Fragment::at(acc, r, j), Fragment::at(acc, r, j + 1));
-      else if (col0 + jc < p.cols.count)
-        out[jc] = Fragment::at(acc, r, j);
     }
   }
 
@@ -175,6 +163,7 @@ struct LseForwardEpilogue {
   }
 
   __device__ void end_row(const Fragment& c, const WorkUnit& w, int m) {
+    if constexpr (Logits) StagedStore::drain(ct & 31);  // before the CTA's shared memory goes away
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       quad_lse_merge(run_max[r], run_sum[r]);

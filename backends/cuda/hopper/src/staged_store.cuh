@@ -35,7 +35,10 @@ struct StagedStore {
   }
 
   /// Stages one box of the warp (fill(address of the box in shared memory) writes it) in buffer
-  /// `parity` and stores it at column x, row y of `map`; TMA clips what lies outside the matrix.
+  /// `parity` and stores it at column x, row y of `map`; TMA clips what lies outside the matrix,
+  /// except that a row's last 16-byte chunk is written whole (seen on the H100: a float row of
+  /// 2050 columns got 2052), so the leading dimension pads each row to 16 bytes and what lands in
+  /// that padding is not to be read.
   template <class Fill>
   __device__ __forceinline__ static void put(Storage& s, int warp, int lane, int parity, const CUtensorMap& map,
                                              int32_t x, int32_t y, Fill&& fill) {
@@ -51,6 +54,37 @@ struct StagedStore {
           "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<uint64_t>(&map)),
           "r"(box), "r"(x), "r"(y)
           : "memory");
+  }
+
+  /// A warp's 16 rows of a tile (the wgmma fragment `c` of thread `lane`: rows lane / 4 + 8 r,
+  /// column pairs c.col_base + 8 v) stored as T at tile (m, n) of `map`, a row per line: box b
+  /// holds tile columns [b W, (b + 1) W), W = 64 bytes of T, and the thread's adjacent pairs go as
+  /// one 4-byte (16-bit T) or 8-byte (float) store. value(r, j) is fragment entry (r, j) as a
+  /// float, already rounded as it is to be stored when T is float.
+  template <class T, class Frag, class Value>
+  __device__ __forceinline__ static void put_rows(Storage& s, int warp, int lane, const CUtensorMap& map, int m, int n,
+                                                  const Frag& c, Value&& value) {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16-bit types or float");
+    constexpr int W = LINE_BYTES / int(sizeof(T)), PAIRS = W / 8;  // per row of a box
+#pragma unroll
+    for (int b = 0; b < TILE_N / W; ++b)
+      put(s, warp, lane, b & 1, map, n * TILE_N + b * W, m * TILE_M + LINES * warp, [&](uint32_t box) {
+#pragma unroll
+        for (int r = 0; r < Frag::ROWS; ++r)
+#pragma unroll
+          for (int u = 0; u < PAIRS; ++u) {
+            const int j = 2 * (b * PAIRS + u);  // the pair's first fragment column
+            const float v0 = value(r, j), v1 = value(r, j + 1);
+            const uint32_t at = box + offset((lane >> 2) + 8 * r, (c.col_base + 8 * u) * int(sizeof(T)));
+            if constexpr (sizeof(T) == 2) {
+              cutlass::Array<T, 2> pair;
+              pair[0] = T(v0), pair[1] = T(v1);
+              store4(at, reinterpret_cast<const uint32_t&>(pair));
+            } else {
+              store8(at, v0, v1);
+            }
+          }
+      });
   }
 
   /// The warp's stores have read their boxes (before the CTA's shared memory goes away).

@@ -178,6 +178,61 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   cudaFree(dA), cudaFree(dB), cudaFree(parts);
 }
 
+/// The forward keeping its logits (bf16, the training step's rows-only sweep): every logit against
+/// the reference within the float accumulation bound of check_forward, and nothing written past
+/// the rows (a sentinel row follows) or past each row's last 16 bytes (ld_logits pads each row:
+/// TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says).
+void check_kept_logits(int64_t R, int64_t C, int64_t D, double scale) {
+  Operand A{TLSE_HOP_BF16, R, D}, B{TLSE_HOP_BF16, C, D};
+  A.fill(0.5), B.fill(0.5);
+  const std::vector<double> x = logits(A, B, scale);
+  void *dA = A.device(), *dB = B.device();
+  const int64_t ld = (C + 3) / 4 * 4 + 4, max_splits = 8;
+  const float sentinel = 12345.f;
+  const std::vector<float> init(size_t((R + 1) * ld), sentinel);
+  float *kept = nullptr, *parts = nullptr;
+  CUDA_OK(cudaMalloc(&kept, init.size() * sizeof(float)));
+  CUDA_OK(cudaMemcpy(kept, init.data(), init.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
+  tlse_hop_forward_args a{};
+  a.dtype = TLSE_HOP_BF16;
+  a.rows = {dA, D, R, nullptr};
+  a.cols = {dB, D, C, nullptr};
+  a.depth = D;
+  a.logit.scale = float(scale);
+  a.logit.valid_cols = INT64_MAX;
+  a.row_max = parts, a.row_sum = parts + max_splits * R;
+  a.logits = kept, a.ld_logits = ld;
+  a.max_col_splits = max_splits, a.max_row_groups = 1;
+  const int rc = tlse_hop_lse_forward(&a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::string name = "kept logits " + std::to_string(R) + "x" + std::to_string(C) + "x" + std::to_string(D);
+  if (rc != 0) {
+    expect(false, name + ": " + tlse_hop_error_string());
+  } else {
+    const auto h = download(kept, init.size());
+    double worst = 0;
+    int64_t outside = 0;
+    for (int64_t i = 0; i <= R; ++i)
+      for (int64_t j = 0; j < ld; ++j) {
+        const float got = h[size_t(i * ld + j)];
+        if (i == R || j >= (C + 3) / 4 * 4) {
+          outside += got != sentinel;
+          continue;
+        }
+        if (j >= C) continue;  // the row's last 16-byte chunk: written whole, values not to be read
+        double bound = 0;
+        for (int64_t k = 0; k < D; ++k) bound += std::fabs(A.value[i * D + k] * B.value[j * D + k]);
+        const double tol = std::ldexp(1.0, -20) * std::sqrt(double(D)) * std::fabs(scale) * bound + 1e-30;
+        worst = std::max(worst, std::fabs(double(got) - x[i * C + j]) / tol);
+      }
+    char buf[120];
+    std::snprintf(buf, sizeof buf, ": error/tolerance %.3f, %ld values written outside", worst, long(outside));
+    expect(worst <= 1 && outside == 0, name + buf);
+  }
+  cudaFree(dA), cudaFree(dB), cudaFree(kept), cudaFree(parts);
+}
+
 /// Backward, bf16: a gradient panel (row terms of a cross-entropy: lse, g, target, w), then
 /// dA = G B_panel (fp32 out) and dB_panel = G^T A (bf16 out through an index), against the
 /// reference computed from the exact dL/dx. G is rounded to bf16 (2^-9 relative), which bounds
@@ -460,6 +515,12 @@ void check_arguments() {
   a.col_max = part;
   refused(tlse_hop_lse_forward(&a, nullptr), "col_max and col_sum go together", "forward: col_max alone");
   a = forward();
+  a.logits = part, a.ld_logits = 302;
+  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 4, got 302", "forward: logits, ld_logits 302");
+  a.ld_logits = 304;
+  a.rows.position = reinterpret_cast<const int32_t*>(data);
+  refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: logits by position");
+  a = forward();
   const int planned = tlse_hop_lse_forward_plan(&a);
   expect(planned == TLSE_HOP_OK && a.col_splits >= 1 && a.col_splits <= 4 && a.row_groups == 1,
          "forward plan: " + std::to_string(a.col_splits) + " splits, " + std::to_string(a.row_groups) + " row groups");
@@ -511,6 +572,8 @@ int main() {
   }
   check_forward(TLSE_HOP_BF16, 257, 513, 520, 1.0, 0.2);
   check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
+  check_kept_logits(300, 1001, 200, 1.0);
+  check_kept_logits(129, 2050, 72, 30.0);
   std::printf("backward (gradient panel, products):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_TF32}) {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);
