@@ -113,6 +113,21 @@ double merge_lse(const std::vector<float>& max, const std::vector<float>& sum, i
   return m + std::log(s);
 }
 
+/// The arguments every sweep check shares (Args: tlse_hop_forward_args or tlse_hop_gradient_args):
+/// operands R x D and C x D (leading dimension D), x = scale * dot for every column; the rest is the
+/// caller's to set.
+template <class Args>
+Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, int64_t D, double scale) {
+  Args f{};
+  f.dtype = dtype;
+  f.rows = {a, D, R, nullptr};
+  f.cols = {b, D, C, nullptr};
+  f.depth = D;
+  f.logit.scale = float(scale);
+  f.logit.valid_cols = INT64_MAX;
+  return f;
+}
+
 /// Forward: row LSE, column LSE and column logit sums against the reference. The tolerance is the
 /// logits' float accumulation error (depth * 2^-24 * scale * sum |a||b|, bounded generously) plus
 /// TF32's operand rounding (2^-10 relative per operand) where it applies.
@@ -125,13 +140,7 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   float* parts = nullptr;
   const size_t n_parts = size_t(2 * max_splits * R + 3 * max_groups * C);
   CUDA_OK(cudaMalloc(&parts, n_parts * sizeof(float)));
-  tlse_hop_forward_args a{};
-  a.dtype = dtype;
-  a.rows = {dA, D, R, nullptr};
-  a.cols = {dB, D, C, nullptr};
-  a.depth = D;
-  a.logit.scale = float(scale);
-  a.logit.valid_cols = INT64_MAX;
+  auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
   a.col_logit_sum = a.col_sum + max_groups * C;
@@ -194,13 +203,7 @@ void check_kept_logits(int64_t R, int64_t C, int64_t D, double scale) {
   CUDA_OK(cudaMalloc(&kept, init.size() * sizeof(float)));
   CUDA_OK(cudaMemcpy(kept, init.data(), init.size() * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
-  tlse_hop_forward_args a{};
-  a.dtype = TLSE_HOP_BF16;
-  a.rows = {dA, D, R, nullptr};
-  a.cols = {dB, D, C, nullptr};
-  a.depth = D;
-  a.logit.scale = float(scale);
-  a.logit.valid_cols = INT64_MAX;
+  auto a = sweep_args<tlse_hop_forward_args>(TLSE_HOP_BF16, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.logits = kept, a.ld_logits = ld;
   a.max_col_splits = max_splits, a.max_row_groups = 1;
@@ -305,13 +308,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   float *row_dot = nullptr, *col_sums = nullptr;
   CUDA_OK(cudaMalloc(&row_dot, size_t(16 * R) * sizeof(float)));
   CUDA_OK(cudaMalloc(&col_sums, size_t(row_tiles * W) * sizeof(float)));
-  tlse_hop_gradient_args a{};
-  a.dtype = dtype;
-  a.rows = {dA, D, R, nullptr};
-  a.cols = {dB, D, C, nullptr};
-  a.depth = D;
-  a.logit.scale = float(scale);
-  a.logit.valid_cols = INT64_MAX;
+  auto a = sweep_args<tlse_hop_gradient_args>(dtype, dA, dB, R, C, D, scale);
   a.row_terms = {d_lse, d_g, d_target, d_w};
   a.filter_eps = float(filter_eps);
   a.col_begin = col_begin, a.col_end = col_end;
@@ -487,13 +484,7 @@ void check_arguments() {
            what + " -> \"" + why.substr(0, 60) + "\"");
   };
   const auto forward = [&] {
-    tlse_hop_forward_args a{};
-    a.dtype = TLSE_HOP_BF16;
-    a.rows = {data, 64, 100, nullptr, nullptr, 0};
-    a.cols = {data, 64, 300, nullptr, nullptr, 0};
-    a.depth = 64;
-    a.logit.scale = 1;
-    a.logit.valid_cols = INT64_MAX;
+    auto a = sweep_args<tlse_hop_forward_args>(TLSE_HOP_BF16, data, data, 100, 300, 64, 1.0);
     a.row_max = a.row_sum = part;
     a.max_col_splits = a.max_row_groups = 4;
     return a;
