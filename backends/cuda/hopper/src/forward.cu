@@ -24,10 +24,10 @@ ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
   return s;
 }
 
-template <class Input, bool Columns, bool Logits = false>
+template <class Input, bool Columns, bool Logits = false, bool General = true>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = LseForwardEpilogue<Input, Columns, Logits>;
+  using Epilogue = LseForwardEpilogue<Input, Columns, Logits, General>;
   const ForwardShape s = plan_forward(a, sizeof(Input));
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -94,9 +94,13 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     using Input = decltype(input);
     if (int e = check_forward(call, a, sizeof(Input))) return e;
     const bool columns = a->col_max || a->col_logit_sum;
+    // Every column takes x = scale * dot: the kernel without the general logit model.
+    const bool simple = device_logit_model<Input>(a->logit, a->cols).simple_cols == a->cols.count;
     const auto s = static_cast<cudaStream_t>(stream);
     if constexpr (std::is_same<Input, cutlass::bfloat16_t>::value)
-      if (a->logits) return run_forward<Input, false, true>(*a, s);
-    return columns ? run_forward<Input, true>(*a, s) : run_forward<Input, false>(*a, s);
+      if (a->logits)
+        return simple ? run_forward<Input, false, true, false>(*a, s) : run_forward<Input, false, true>(*a, s);
+    if (columns) return simple ? run_forward<Input, true, false, false>(*a, s) : run_forward<Input, true>(*a, s);
+    return simple ? run_forward<Input, false, false, false>(*a, s) : run_forward<Input, false>(*a, s);
   });
 }

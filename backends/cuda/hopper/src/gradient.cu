@@ -5,10 +5,10 @@
 namespace tlse::hopper {
 namespace {
 
-template <class Input>
+template <class Input, bool General>
 int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = GradientEpilogue<Input>;
+  using Epilogue = GradientEpilogue<Input, General>;
   const int64_t width = a.col_end - a.col_begin;
   const int64_t row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, col_tiles = (width + TILE_N - 1) / TILE_N;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -75,7 +75,10 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
     if (a->filter_eps > 0.f && a->tile_mask == nullptr)
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": filtering needs tile_mask");
     if (a->max_col_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits must be >= 1");
-    return run_gradient<Input>(*a, static_cast<cudaStream_t>(stream));
+    // Every column of the panel takes x = scale * dot: the kernel without the general logit model.
+    const bool simple = device_logit_model<Input>(a->logit, a->cols).simple_cols >= a->col_end;
+    const auto s = static_cast<cudaStream_t>(stream);
+    return simple ? run_gradient<Input, false>(*a, s) : run_gradient<Input, true>(*a, s);
   };
   return a->dtype == TLSE_HOP_TF32 ? checked(float{}) : checked(cutlass::bfloat16_t{});
 }

@@ -29,7 +29,9 @@ struct GradientParams {
   float* col_sums;
 };
 
-template <class T>
+/// General: some tile may need the general logit model (see LseForwardEpilogue); without it the
+/// kernel has only the simple loops, the last column tile masking what lies past the panel.
+template <class T, bool General = true>
 struct GradientEpilogue {
   using Params = GradientParams<T>;
   struct SharedStorage {
@@ -79,17 +81,16 @@ struct GradientEpilogue {
       s.other[ct] = next_other;
       consumer_sync();
     }
-    const bool simple = p.logit.simple_columns(col0, TILE_N) && col0 + TILE_N <= p.col_end;
-    const bool own_on = p.row_terms.active();
+    const bool inside = col0 + TILE_N <= p.col_end;
     bool significant;
-    if (!simple)
-      significant = dlogits(acc, c, row0, col0, eps);
-    else if (own_on && other_on)
-      significant = simple_dlogits<true, true>(acc, c, row0, col0, eps);
-    else if (own_on)
-      significant = simple_dlogits<true, false>(acc, c, row0, col0, eps);
-    else
-      significant = simple_dlogits<false, true>(acc, c, row0, col0, eps);
+    if constexpr (General) {
+      if (p.logit.simple_columns(col0, TILE_N) && inside)
+        significant = simple_sides<false>(acc, c, row0, col0, eps);
+      else
+        significant = dlogits(acc, c, row0, col0, eps);
+    } else {
+      significant = inside ? simple_sides<false>(acc, c, row0, col0, eps) : simple_sides<true>(acc, c, row0, col0, eps);
+    }
     if (p.col_sums) column_sums(acc, c, m, col0);
     bool keep = true;
     if (p.tile_mask) {
@@ -102,10 +103,20 @@ struct GradientEpilogue {
       if (p.GT && keep) store_transposed(acc, c, m, n);
   }
 
+  /// simple_dlogits for the sides that are on (at least one).
+  template <bool Edge, class Acc>
+  __device__ __forceinline__ bool simple_sides(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
+    const bool own_on = p.row_terms.active(), other_on = p.col_terms.active();
+    if (own_on && other_on) return simple_dlogits<true, true, Edge>(acc, c, row0, col0, eps);
+    if (own_on) return simple_dlogits<true, false, Edge>(acc, c, row0, col0, eps);
+    return simple_dlogits<false, true, Edge>(acc, c, row0, col0, eps);
+  }
+
   /// dlogits for a tile whose columns all take the simple model (x = scale * dot) and with the
   /// sides' terms fixed at compile time: no test per entry but the target's (measured: half the
-  /// instructions of the general loop). At least one side is on.
-  template <bool Own, bool Other, class Acc>
+  /// instructions of the general loop). Edge: the panel ends inside the tile, the entries past it
+  /// get 0.
+  template <bool Own, bool Other, bool Edge, class Acc>
   __device__ __forceinline__ bool simple_dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
     const float scale = p.logit.scale;
     float pmax = 0.f;
@@ -124,11 +135,16 @@ struct GradientEpilogue {
       // The row's target as an offset from the thread's first column: compared with each
       // column's offset, a constant once the loop is unrolled.
       const int32_t target_at = own.target - int32_t(col0 + c.col(0));  // ids and counts < 2^31
-      if (Own) hit |= own.target >= col0 && own.target < col0 + TILE_N;
+      if (Own) hit |= own.target >= col0 && own.target < (Edge ? p.col_end : col0 + TILE_N);
 #pragma unroll
       for (int j = 0; j < Fragment::COLS; ++j) {
         const int jc = c.col(j);
         float& v = Fragment::at(acc, r, j);
+        if constexpr (Edge)
+          if (col0 + jc >= p.col_end) {
+            v = 0.f;
+            continue;
+          }
         const float dot = v, x = dot * scale;
         float dz = Own ? own.term(x, target_at == c.col(j) - c.col(0), pmax) : 0.f;
         if (Other) {

@@ -23,7 +23,11 @@ struct LseForwardParams {
   CUtensorMap logits_map;  // the kept logits (float, rows x cols), with Logits only
 };
 
-template <class T, bool Columns, bool Logits = false>
+/// General: some tile may need the general logit model (bias, softcap, masks, column ids). Without
+/// it every column takes x = scale * dot (the host checked that the model is that simple for all
+/// of them), and the kernel has no general path: that path's register demand made ptxas spill
+/// about 1 KB per thread into the code every tile runs.
+template <class T, bool Columns, bool Logits = false, bool General = true>
 struct LseForwardEpilogue {
   using Params = LseForwardParams<T>;
   struct NoStaging {};
@@ -66,19 +70,27 @@ struct LseForwardEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = int64_t(n) * TILE_N;
-    if (p.logit.simple_columns(col0, TILE_N))
-      rows<true>(acc, c, row0, col0);
-    else
-      rows<false>(acc, c, row0, col0);
+    if constexpr (General) {
+      if (p.logit.simple_columns(col0, TILE_N))
+        rows<true>(acc, c, row0, col0);
+      else
+        rows<false>(acc, c, row0, col0);
+    } else {
+      if (col0 + TILE_N <= p.cols.count)
+        rows<true>(acc, c, row0, col0);
+      else
+        rows<true, true>(acc, c, row0, col0);  // the last column tile: past the columns is -inf
+    }
     if constexpr (Logits)
       StagedStore::put_rows<float>(s.staged, ct >> 5, ct & 31, p.logits_map, m, n, c,
                                    [&](int r, int j) { return Fragment::at(acc, r, j); });
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
-  /// Turns the tile into logits (Simple: columns of a simple model, x = scale * dot) and folds
-  /// each of the thread's rows into its running state; a row that takes no part becomes -inf.
-  template <bool Simple, class Acc>
+  /// Turns the tile into logits (Simple: columns of a simple model, x = scale * dot; Edge: some
+  /// lie past the columns) and folds each of the thread's rows into its running state; a row that
+  /// takes no part becomes -inf.
+  template <bool Simple, bool Edge = false, class Acc>
   __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -90,7 +102,7 @@ struct LseForwardEpilogue {
       for (int j = 0; j < Fragment::COLS; ++j) {
         float& x = Fragment::at(acc, r, j);
         if constexpr (Simple) {
-          x = row_ok ? x * p.logit.scale : NEG_INF;
+          x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? x * p.logit.scale : NEG_INF;
           mx = fmaxf(mx, x);  // a NaN is dropped here but poisons the sum below
         } else {
           const int64_t col = col0 + c.col(j);

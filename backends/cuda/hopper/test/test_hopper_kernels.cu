@@ -130,8 +130,10 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
 
 /// Forward: row LSE, column LSE and column logit sums against the reference. The tolerance is the
 /// logits' float accumulation error (depth * 2^-24 * scale * sum |a||b|, bounded generously) plus
-/// TF32's operand rounding (2^-10 relative per operand) where it applies.
-void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev) {
+/// TF32's operand rounding (2^-10 relative per operand) where it applies. valid < C masks the
+/// columns from valid on (they take no part), which runs the kernel with the general logit model;
+/// without it every column is x = scale * dot and the kernel has only the simple one.
+void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev, int64_t valid = INT64_MAX) {
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(stddev), B.fill(stddev);
   const std::vector<double> x = logits(A, B, scale);
@@ -145,10 +147,13 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
   a.col_logit_sum = a.col_sum + max_groups * C;
   a.max_col_splits = max_splits, a.max_row_groups = max_groups;
+  a.logit.valid_cols = valid;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::string name = "forward dtype " + std::to_string(dtype) + " " + std::to_string(R) + "x" +
-                           std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale);
+                           std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale) +
+                           (valid < C ? " valid " + std::to_string(valid) : "");
+  const int64_t V = std::min(C, valid);
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
     return;
@@ -163,12 +168,12 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   double worst_row = 0, worst_col = 0, worst_sum = 0;
   for (int64_t i = 0; i < R; ++i) {
     double m = -INFINITY, s = 0, amax = 0;
-    for (int64_t j = 0; j < C; ++j) m = std::max(m, x[i * C + j]);
-    for (int64_t j = 0; j < C; ++j) s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j]));
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, x[i * C + j]);
+    for (int64_t j = 0; j < V; ++j) s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j]));
     const double ref = m + std::log(s), got = merge_lse(row_max, row_sum, a.col_splits, R, i);
     worst_row = std::max(worst_row, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
   }
-  for (int64_t j = 0; j < C; ++j) {
+  for (int64_t j = 0; j < V; ++j) {  // a masked column has no LSE of its own to check
     double m = -INFINITY, s = 0, amax = 0, total = 0;
     for (int64_t i = 0; i < R; ++i) m = std::max(m, x[i * C + j]);
     for (int64_t i = 0; i < R; ++i)
@@ -563,6 +568,8 @@ int main() {
   }
   check_forward(TLSE_HOP_BF16, 257, 513, 520, 1.0, 0.2);
   check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
+  check_forward(TLSE_HOP_BF16, 300, 700, 200, 1.0, 0.3, 650);  // the general logit model
+  check_forward(TLSE_HOP_TF32, 257, 1001, 72, 2.0, 1.0, 1000);
   check_kept_logits(300, 1001, 200, 1.0);
   check_kept_logits(129, 2050, 72, 30.0);
   std::printf("backward (gradient panel, products):\n");
