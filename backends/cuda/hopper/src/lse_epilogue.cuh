@@ -34,6 +34,7 @@ struct LseForwardEpilogue {
   struct SharedStorage {
     float max[Columns ? 8 : 1][TILE_N], sum[Columns ? 8 : 1][TILE_N], total[Columns ? 8 : 1][TILE_N];
     float tile_max[Columns ? TILE_N : 1];
+    float range[CONSUMER_THREADS / 32][2];  // one_exponential's max and min of the tile, warp by warp
     std::conditional_t<Logits, StagedStore::Storage, NoStaging> staged;  // the logits' boxes on their way out
   };
   static constexpr int ROWS = Fragment::ROWS;
@@ -70,6 +71,10 @@ struct LseForwardEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = int64_t(n) * TILE_N;
+    if constexpr (Columns && !General)
+      // The contrastive loss (row and column LSE), but for the last, partial column tile.
+      if (p.col_max && !p.col_logit_sum && col0 + TILE_N <= p.cols.count && one_exponential(acc, c, w, m, row0, col0))
+        return;
     if constexpr (General) {
       if (p.logit.simple_columns(col0, TILE_N))
         rows<true>(acc, c, row0, col0);
@@ -93,29 +98,106 @@ struct LseForwardEpilogue {
   template <bool Simple, bool Edge = false, class Acc>
   __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t row = row0 + c.row(r);
-      const bool row_ok = p.rows.output(row) >= 0;
-      const int64_t rid = row_ok ? p.rows.id(row) : 0;
-      float mx = NEG_INF;
+    for (int r = 0; r < ROWS; ++r) fold_row(acc, r, row_logits<Simple, Edge>(acc, c, r, row0, col0));
+  }
+
+  /// The thread's part of row r as logits; returns their max (a NaN is dropped here but poisons
+  /// the sums).
+  template <bool Simple, bool Edge, class Acc>
+  __device__ __forceinline__ float row_logits(Acc& acc, const Fragment& c, int r, int64_t row0, int64_t col0) {
+    const int64_t row = row0 + c.row(r);
+    const bool row_ok = p.rows.output(row) >= 0;
+    const int64_t rid = row_ok ? p.rows.id(row) : 0;
+    float mx = NEG_INF;
 #pragma unroll
-      for (int j = 0; j < Fragment::COLS; ++j) {
-        float& x = Fragment::at(acc, r, j);
-        if constexpr (Simple) {
-          x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? x * p.logit.scale : NEG_INF;
-          mx = fmaxf(mx, x);  // a NaN is dropped here but poisons the sum below
-        } else {
-          const int64_t col = col0 + c.col(j);
-          x = row_ok && col < p.cols.count ? p.logit(x, rid, p.cols.id(col)) : NEG_INF;
-          mx = nan_max(mx, x);
-        }
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      float& x = Fragment::at(acc, r, j);
+      if constexpr (Simple) {
+        x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? x * p.logit.scale : NEG_INF;
+        mx = fmaxf(mx, x);
+      } else {
+        const int64_t col = col0 + c.col(j);
+        x = row_ok && col < p.cols.count ? p.logit(x, rid, p.cols.id(col)) : NEG_INF;
+        mx = nan_max(mx, x);
       }
-      if (mx == NEG_INF) continue;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < Fragment::COLS; ++j) sum += exp_shifted(Fragment::at(acc, r, j), mx);
-      lse_merge(run_max[r], run_sum[r], mx, sum);
     }
+    return mx;
+  }
+
+  /// Folds the thread's part of row r (logits, their max mx) into the row's running state.
+  template <class Acc>
+  __device__ __forceinline__ void fold_row(const Acc& acc, int r, float mx) {
+    if (mx == NEG_INF) return;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < Fragment::COLS; ++j) sum += exp_shifted(Fragment::at(acc, r, j), mx);
+    lse_merge(run_max[r], run_sum[r], mx, sum);
+  }
+
+  /// Row and column LSE of a tile of the simple model from one exponential per entry, where
+  /// rows() and columns() take two (each side under its own max): the special function unit
+  /// computes 16 of them per clock and SM, which makes them as long as the tile's products at a
+  /// depth of 512. When every logit of the tile lies within SPREAD of the tile's max M (CLIP's
+  /// logits lie within 2 / temperature of each other), each entry becomes e = exp(x - M) >=
+  /// e^-SPREAD, far from float's subnormals, and its row and its column sum the same e: the state
+  /// (M, sum) stands for M + log(sum) as exactly as one under the side's own max. Otherwise (and
+  /// for infinite logits, or no row taking part) it returns false with acc untouched, and the
+  /// tile takes rows() and columns(). (Testing each column of a partial tile, in both loops, cost
+  /// registers that ptxas spilled: such a tile takes rows() and columns() too.)
+  template <class Acc>
+  __device__ __forceinline__ bool one_exponential(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int64_t row0,
+                                                  int64_t col0) {
+    constexpr float SPREAD = 64.f;
+    const int warp = ct >> 5, lane = ct & 31;
+    bool row_ok[ROWS];
+    float hi = NEG_INF, lo = -NEG_INF;  // of the dot products that take part
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      row_ok[r] = p.rows.output(row0 + c.row(r)) >= 0;
+#pragma unroll
+      for (int j = 0; j < Fragment::COLS; ++j)
+        if (row_ok[r]) hi = fmaxf(hi, Fragment::at(acc, r, j)), lo = fminf(lo, Fragment::at(acc, r, j));
+    }
+#pragma unroll
+    for (int lanes = 16; lanes > 0; lanes >>= 1) {
+      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, lanes));
+      lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, lanes));
+    }
+    if (lane == 0) s.range[warp][0] = hi, s.range[warp][1] = lo;
+    consumer_sync();  // the previous tile read s.range and s.sum before its last barrier
+#pragma unroll
+    for (int q = 0; q < CONSUMER_THREADS / 32; ++q) hi = fmaxf(hi, s.range[q][0]), lo = fminf(lo, s.range[q][1]);
+    const float scale = p.logit.scale, top = fmaxf(scale * hi, scale * lo), bottom = fminf(scale * hi, scale * lo);
+    if (!(hi > NEG_INF && bottom >= top - SPREAD)) return false;
+    float row_sum[ROWS] = {}, part[8];
+    column_lanes_scatter(
+        [&](int j) {
+          float e[ROWS];
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            const float x = row_ok[r] ? Fragment::at(acc, r, j) * scale : NEG_INF;
+            e[r] = exp_shifted(x, top);
+            row_sum[r] += e[r];
+          }
+          return e[0] + e[1];
+        },
+        add, lane, part);
+    const int first = scatter_first_column(lane);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s.sum[warp][c.col(first + k)] = part[k];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+      if (row_ok[r]) lse_merge(run_max[r], run_sum[r], top, row_sum[r]);
+    consumer_sync();
+    const int64_t col = col0 + ct;
+    if (col >= p.cols.count) return true;
+    float sum = 0.f;
+#pragma unroll
+    for (int q = 0; q < CONSUMER_THREADS / 32; ++q) sum += s.sum[q][ct];
+    lse_merge(slot_max, slot_sum, top, sum);
+    const int64_t slot = int64_t(w.m_unit) * p.cols.count + col;
+    p.col_max[slot] = slot_max, p.col_sum[slot] = slot_sum;
+    return true;
   }
 
   /// acc holds logits now. Shared memory: s.max is read before the second barrier, s.tile_max,

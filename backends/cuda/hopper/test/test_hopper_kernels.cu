@@ -132,8 +132,11 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
 /// logits' float accumulation error (depth * 2^-24 * scale * sum |a||b|, bounded generously) plus
 /// TF32's operand rounding (2^-10 relative per operand) where it applies. valid < C masks the
 /// columns from valid on (they take no part), which runs the kernel with the general logit model;
-/// without it every column is x = scale * dot and the kernel has only the simple one.
-void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev, int64_t valid = INT64_MAX) {
+/// without it every column is x = scale * dot and the kernel has only the simple one. Without
+/// the logit sums (sums false: the contrastive loss's forward) that kernel takes one exponential
+/// per entry for both sides in the tiles whose logits lie within 64 of each other.
+void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev, int64_t valid = INT64_MAX,
+                   bool sums = true) {
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(stddev), B.fill(stddev);
   const std::vector<double> x = logits(A, B, scale);
@@ -145,14 +148,14 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
-  a.col_logit_sum = a.col_sum + max_groups * C;
+  a.col_logit_sum = sums ? a.col_sum + max_groups * C : nullptr;
   a.max_col_splits = max_splits, a.max_row_groups = max_groups;
   a.logit.valid_cols = valid;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::string name = "forward dtype " + std::to_string(dtype) + " " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale) +
-                           (valid < C ? " valid " + std::to_string(valid) : "");
+                           (valid < C ? " valid " + std::to_string(valid) : "") + (sums ? "" : " no sums");
   const int64_t V = std::min(C, valid);
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
@@ -180,14 +183,27 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
       s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j])), total += x[i * C + j];
     const double ref = m + std::log(s), got = merge_lse(col_max, col_sum, a.row_groups, C, j);
     worst_col = std::max(worst_col, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
+    if (!sums) continue;
     double got_total = 0;
     for (int64_t g = 0; g < a.row_groups; ++g) got_total += h[2 * max_splits * R + 2 * max_groups * C + g * C + j];
     worst_sum =
         std::max(worst_sum, std::fabs(got_total - total) / (u * (amax + 1) * std::sqrt(double(D)) * R + 1e-4 * R));
   }
-  char buf[160];
-  std::snprintf(buf, sizeof buf, ": splits %ld groups %ld, error/tolerance row %.3f col %.3f sums %.3f",
-                long(a.col_splits), long(a.row_groups), worst_row, worst_col, worst_sum);
+  // Which way the contrastive tiles (128 x 256) went: spread beyond 64, two exponentials.
+  int64_t tiles = 0, wide = 0;
+  for (int64_t i0 = 0; !sums && i0 < R; i0 += 128)
+    for (int64_t j0 = 0; j0 < V; j0 += 256, ++tiles) {
+      double lo = INFINITY, hi = -INFINITY;
+      for (int64_t i = i0; i < std::min(i0 + 128, R); ++i)
+        for (int64_t j = j0; j < std::min(j0 + 256, V); ++j)
+          lo = std::min(lo, x[i * C + j]), hi = std::max(hi, x[i * C + j]);
+      wide += hi - lo > 64;
+    }
+  char buf[200];
+  std::snprintf(
+      buf, sizeof buf, ": splits %ld groups %ld, error/tolerance row %.3f col %.3f sums %.3f%s", long(a.col_splits),
+      long(a.row_groups), worst_row, worst_col, worst_sum,
+      sums ? "" : (", tiles spread beyond 64: " + std::to_string(wide) + "/" + std::to_string(tiles)).c_str());
   expect(worst_row <= 1 && worst_col <= 1 && worst_sum <= 1, name + buf);
   cudaFree(dA), cudaFree(dB), cudaFree(parts);
 }
@@ -565,7 +581,12 @@ int main() {
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {
     check_forward(dtype, 300, 700, 200, 1.0, 0.3);
     check_forward(dtype, 1000, 1500, 72, 3.0, 1.0);
+    check_forward(dtype, 300, 700, 200, 1.0, 0.3, INT64_MAX, false);  // one exponential per entry
   }
+  // Tiles whose logits spread beyond 64 take two exponentials per entry: all, then some.
+  check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, false);
+  check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 0.85, 1.0, INT64_MAX, false);
+  check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0, INT64_MAX, false);
   check_forward(TLSE_HOP_BF16, 257, 513, 520, 1.0, 0.2);
   check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
   check_forward(TLSE_HOP_BF16, 300, 700, 200, 1.0, 0.3, 650);  // the general logit model
