@@ -279,9 +279,9 @@ void* transposed(const Operand& op, int64_t first, int64_t n, int64_t ld) {
 /// as the backward runs them: bf16 reads G transposed and the inputs as stored, TF32 reads G^T and
 /// transposed copies of the inputs (made exact in TF32, so that the reference multiplies what the
 /// tensor cores do). The tolerance counts G's rounding (bf16 2^-9, TF32 2^-11) and the fp32 sums,
-/// as u times the sum of |terms|.
-void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end,
-                    double filter_eps) {
+/// as u times the sum of |terms|. both: the columns' softmax terms too (the contrastive loss).
+void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end, double filter_eps,
+                    bool both = false) {
   const bool tf32 = dtype == TLSE_HOP_TF32;
   const int elem = tf32 ? 4 : 2;
   Operand A{dtype, R, D}, B{dtype, C, D};
@@ -299,12 +299,24 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     g[i] = w[i] = 1.0f / float(R);
     target[i] = int32_t(rng() % uint64_t(C));
   }
+  std::vector<float> col_lse(C), col_g(C, 1.0f / float(C));
+  std::vector<int32_t> col_target(C);
+  for (int64_t j = 0; both && j < C; ++j) {
+    double m = -INFINITY, s = 0;
+    for (int64_t i = 0; i < R; ++i) m = std::max(m, x[i * C + j]);
+    for (int64_t i = 0; i < R; ++i) s += std::exp(x[i * C + j] - m);
+    col_lse[j] = float(m + std::log(s));
+    col_target[j] = int32_t(rng() % uint64_t(R));
+  }
   const int64_t W = col_end - col_begin, ldg = (W + 7) / 8 * 8;
-  // dz for the panel, from the float LSE the kernel sees.
+  // dz for the panel, from the float LSEs the kernel sees.
   std::vector<double> dz(size_t(R * W));
   for (int64_t i = 0; i < R; ++i)
-    for (int64_t j = col_begin; j < col_end; ++j)
-      dz[i * W + j - col_begin] = g[i] * std::exp(x[i * C + j] - double(lse[i])) - (target[i] == j ? w[i] : 0.0);
+    for (int64_t j = col_begin; j < col_end; ++j) {
+      double& d = dz[i * W + j - col_begin];
+      d = g[i] * std::exp(x[i * C + j] - double(lse[i])) - (target[i] == j ? w[i] : 0.0);
+      if (both) d += col_g[j] * std::exp(x[i * C + j] - double(col_lse[j])) - (col_target[j] == i ? col_g[j] : 0.f);
+    }
 
   void *dA = A.device(), *dB = B.device();
   auto up = [](const auto& v) {
@@ -316,6 +328,8 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   };
   float *d_lse = up(lse), *d_g = up(g), *d_w = up(w);
   int32_t* d_target = up(target);
+  float *d_col_lse = up(col_lse), *d_col_g = up(col_g);
+  int32_t* d_col_target = up(col_target);
   const int64_t ldgt = (R + 7) / 8 * 8;
   void *G = nullptr, *GT = nullptr;
   CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
@@ -331,6 +345,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   CUDA_OK(cudaMalloc(&col_sums, size_t(row_tiles * W) * sizeof(float)));
   auto a = sweep_args<tlse_hop_gradient_args>(dtype, dA, dB, R, C, D, scale);
   a.row_terms = {d_lse, d_g, d_target, d_w};
+  if (both) a.col_terms = {d_col_lse, d_col_g, d_col_target, d_col_g};
   a.filter_eps = float(filter_eps);
   a.col_begin = col_begin, a.col_end = col_end;
   a.G = G, a.ldg = ldg, a.tile_mask = mask;
@@ -339,7 +354,8 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   a.max_col_splits = 16;
   const std::string name = std::string(tf32 ? "tf32 " : "bf16 ") + "backward " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " panel [" + std::to_string(col_begin) + "," +
-                           std::to_string(col_end) + ") eps " + std::to_string(filter_eps);
+                           std::to_string(col_end) + ") eps " + std::to_string(filter_eps) +
+                           (both ? " both sides" : "");
   int rc = tlse_hop_gradient(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   if (rc != 0) {
@@ -489,8 +505,26 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
                 worst_colsum, worst_dA, worst_dB, long(outside));
   expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1,
          name + buf);
-  for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask,
-                    (void*)row_dot, (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace, At, Bt})
+  for (void* ptr : {dA,
+                    dB,
+                    (void*)d_lse,
+                    (void*)d_g,
+                    (void*)d_w,
+                    (void*)d_target,
+                    (void*)d_col_lse,
+                    (void*)d_col_g,
+                    (void*)d_col_target,
+                    G,
+                    GT,
+                    (void*)mask,
+                    (void*)row_dot,
+                    (void*)col_sums,
+                    (void*)dA_out,
+                    dB_out,
+                    (void*)d_order,
+                    workspace,
+                    At,
+                    Bt})
     cudaFree(ptr);
 }
 
@@ -598,6 +632,8 @@ int main() {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);
     check_backward(dtype, 700, 1500, 136, 256, 1300, 0.0);
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096);
+    check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, true);
+    check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096, true);
   }
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
