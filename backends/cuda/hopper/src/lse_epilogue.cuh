@@ -164,7 +164,9 @@ struct LseForwardEpilogue {
       lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, lanes));
     }
     if (lane == 0) s.range[warp][0] = hi, s.range[warp][1] = lo;
-    consumer_sync();  // the previous tile read s.range and s.sum before its last barrier
+    // The previous tile read s.range before its last barrier; s.sum, which columns() reads after
+    // its last barrier, is written here only after this one.
+    consumer_sync();
 #pragma unroll
     for (int q = 0; q < CONSUMER_THREADS / 32; ++q) hi = fmaxf(hi, s.range[q][0]), lo = fminf(lo, s.range[q][1]);
     const float scale = p.logit.scale, top = fmaxf(scale * hi, scale * lo), bottom = fminf(scale * hi, scale * lo);
@@ -172,14 +174,14 @@ struct LseForwardEpilogue {
     float row_sum[ROWS] = {}, part[8];
     column_lanes_scatter(
         [&](int j) {
-          float e[ROWS];
+          float column;
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
-            const float x = row_ok[r] ? Fragment::at(acc, r, j) * scale : NEG_INF;
-            e[r] = exp_shifted(x, top);
-            row_sum[r] += e[r];
+            const float e = exp_shifted(row_ok[r] ? Fragment::at(acc, r, j) * scale : NEG_INF, top);
+            row_sum[r] += e;
+            column = r == 0 ? e : column + e;
           }
-          return e[0] + e[1];
+          return column;
         },
         add, lane, part);
     const int first = scatter_first_column(lane);
