@@ -113,6 +113,14 @@ double merge_lse(const std::vector<float>& max, const std::vector<float>& sum, i
   return m + std::log(s);
 }
 
+/// The LSE of n logits of x from x[first], `stride` apart (a row: 1, a column: the row length).
+double lse_along(const std::vector<double>& x, int64_t first, int64_t stride, int64_t n) {
+  double m = -INFINITY, s = 0;
+  for (int64_t k = 0; k < n; ++k) m = std::max(m, x[size_t(first + k * stride)]);
+  for (int64_t k = 0; k < n; ++k) s += std::exp(x[size_t(first + k * stride)] - m);
+  return m + std::log(s);
+}
+
 /// The arguments every sweep check shares (Args: tlse_hop_forward_args or tlse_hop_gradient_args):
 /// operands R x D and C x D (leading dimension D), x = scale * dot for every column; the rest is the
 /// caller's to set.
@@ -170,18 +178,15 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   const double u = dtype == TLSE_HOP_TF32 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -20);
   double worst_row = 0, worst_col = 0, worst_sum = 0;
   for (int64_t i = 0; i < R; ++i) {
-    double m = -INFINITY, s = 0, amax = 0;
-    for (int64_t j = 0; j < V; ++j) m = std::max(m, x[i * C + j]);
-    for (int64_t j = 0; j < V; ++j) s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j]));
-    const double ref = m + std::log(s), got = merge_lse(row_max, row_sum, a.col_splits, R, i);
+    double amax = 0;
+    for (int64_t j = 0; j < V; ++j) amax = std::max(amax, std::fabs(x[i * C + j]));
+    const double ref = lse_along(x, i * C, 1, V), got = merge_lse(row_max, row_sum, a.col_splits, R, i);
     worst_row = std::max(worst_row, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
   }
   for (int64_t j = 0; j < V; ++j) {  // a masked column has no LSE of its own to check
-    double m = -INFINITY, s = 0, amax = 0, total = 0;
-    for (int64_t i = 0; i < R; ++i) m = std::max(m, x[i * C + j]);
-    for (int64_t i = 0; i < R; ++i)
-      s += std::exp(x[i * C + j] - m), amax = std::max(amax, std::fabs(x[i * C + j])), total += x[i * C + j];
-    const double ref = m + std::log(s), got = merge_lse(col_max, col_sum, a.row_groups, C, j);
+    double amax = 0, total = 0;
+    for (int64_t i = 0; i < R; ++i) amax = std::max(amax, std::fabs(x[i * C + j])), total += x[i * C + j];
+    const double ref = lse_along(x, j, C, R), got = merge_lse(col_max, col_sum, a.row_groups, C, j);
     worst_col = std::max(worst_col, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
     if (!sums) continue;
     double got_total = 0;
@@ -292,20 +297,14 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   std::vector<float> lse(R), g(R), w(R);
   std::vector<int32_t> target(R);
   for (int64_t i = 0; i < R; ++i) {
-    double m = -INFINITY, s = 0;
-    for (int64_t j = 0; j < C; ++j) m = std::max(m, x[i * C + j]);
-    for (int64_t j = 0; j < C; ++j) s += std::exp(x[i * C + j] - m);
-    lse[i] = float(m + std::log(s));
+    lse[i] = float(lse_along(x, i * C, 1, C));
     g[i] = w[i] = 1.0f / float(R);
     target[i] = int32_t(rng() % uint64_t(C));
   }
   std::vector<float> col_lse(C), col_g(C, 1.0f / float(C));
   std::vector<int32_t> col_target(C);
   for (int64_t j = 0; both && j < C; ++j) {
-    double m = -INFINITY, s = 0;
-    for (int64_t i = 0; i < R; ++i) m = std::max(m, x[i * C + j]);
-    for (int64_t i = 0; i < R; ++i) s += std::exp(x[i * C + j] - m);
-    col_lse[j] = float(m + std::log(s));
+    col_lse[j] = float(lse_along(x, j, C, R));
     col_target[j] = int32_t(rng() % uint64_t(R));
   }
   const int64_t W = col_end - col_begin, ldg = (W + 7) / 8 * 8;
@@ -505,27 +504,10 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
                 worst_colsum, worst_dA, worst_dB, long(outside));
   expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1,
          name + buf);
-  for (void* ptr : {dA,
-                    dB,
-                    (void*)d_lse,
-                    (void*)d_g,
-                    (void*)d_w,
-                    (void*)d_target,
-                    (void*)d_col_lse,
-                    (void*)d_col_g,
-                    (void*)d_col_target,
-                    G,
-                    GT,
-                    (void*)mask,
-                    (void*)row_dot,
-                    (void*)col_sums,
-                    (void*)dA_out,
-                    dB_out,
-                    (void*)d_order,
-                    workspace,
-                    At,
-                    Bt})
+  for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask, (void*)row_dot,
+                    (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace, At, Bt})
     cudaFree(ptr);
+  cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target);
 }
 
 /// The entry points refuse what the kernels cannot take, with a reason naming the argument,
