@@ -234,18 +234,20 @@ struct GradientEpilogue {
     const float scale = p.logit.scale;
     const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
-    for (int k = 0; k < TILE_N / LINES; ++k)
-      StagedStore::put(
-          s.staged, warp, lane, k & 1, p.gt_map, m * TILE_M + LINES * warp, n * TILE_N + LINES * k, [&](uint32_t box) {
+    for (int k = 0; k < TILE_N / LINES; ++k) {
+      const auto fill = [&](uint32_t box) {
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r)
+        for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const float v = stored(Fragment::at(acc, r, 4 * k + i) * scale);
-                const int line = c.col_base + 8 * (i >> 1) + (i & 1);
-                StagedStore::store4(box + StagedStore::offset(line, ((lane >> 2) + 8 * r) * 4), __float_as_uint(v));
-              }
-          });
+          for (int i = 0; i < 4; ++i) {
+            const float v = stored(Fragment::at(acc, r, 4 * k + i) * scale);
+            const int line = c.col_base + 8 * (i >> 1) + (i & 1);
+            StagedStore::store4(box + StagedStore::offset(line, ((lane >> 2) + 8 * r) * 4), __float_as_uint(v));
+          }
+      };
+      StagedStore::put(s.staged, warp, lane, k & 1, p.gt_map, m * TILE_M + LINES * warp, n * TILE_N + LINES * k, 0,
+                       fill);
+    }
   }
 
   /// A value of G as the products read it: the input type, or for TF32 float rounded to nearest
@@ -261,7 +263,6 @@ struct GradientEpilogue {
   }
 
   __device__ void end_row(const Fragment& c, const WorkUnit& w, int m) {
-    if (p.G || p.GT) StagedStore::drain(ct & 31);  // before the CTA's shared memory goes away
     if (!p.row_dot_sums) return;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {

@@ -16,6 +16,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "mainloop.cuh"
+#include "staged_store.cuh"
 
 namespace tlse::hopper {
 
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         epi.end_row(frag, w, m);
       }
     }
+    StagedStore::drain(ct & 31);  // an epilogue's TMA stores have read their boxes before the CTA ends
   }
 }
 

@@ -259,7 +259,6 @@ struct LseForwardEpilogue {
   }
 
   __device__ void end_row(const Fragment& c, const WorkUnit& w, int m) {
-    if constexpr (Logits) StagedStore::drain(ct & 31);  // before the CTA's shared memory goes away
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       quad_lse_merge(run_max[r], run_sum[r]);

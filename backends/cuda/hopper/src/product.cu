@@ -49,12 +49,35 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   e.out_f32 = a.out_f32, e.out = static_cast<Input*>(a.out), e.out_index = a.out_index, e.ldo = a.ldo;
   e.accumulate = a.accumulate != 0;
   e.partials = shape.k_splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
-  const auto launch_with = [&](auto in_place_f32) {
-    const KernelParams<Config, ProductEpilogue<Input, decltype(in_place_f32)::value>> kp{mainloop, schedule, e};
+  const auto launch_with = [&](auto store) {
+    const KernelParams<Config, ProductEpilogue<Input, decltype(store)::value>> kp{mainloop, schedule, e};
     return launch("tlse_hop_product", kp, stream);
   };
-  const bool in_place_f32 = e.out_f32 && e.accumulate && !e.partials;
-  if (int err = in_place_f32 ? launch_with(std::true_type{}) : launch_with(std::false_type{})) return err;
+  // TMA writes whole 16-byte chunks of a row: the staged stores take outputs whose rows are.
+  const auto whole_chunks = [&](const void* data, int64_t row_bytes, int64_t ld_bytes) {
+    return row_bytes % 16 == 0 && ld_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0;
+  };
+  constexpr int64_t elem = sizeof(Input);
+  const auto launch_product = [&]() -> int {
+    using Store = ProductStore;
+    if (e.out_f32 && e.accumulate && !e.partials)
+      return launch_with(std::integral_constant<Store, Store::InPlaceF32>{});
+    if (e.partials && whole_chunks(e.partials, a.N * 4, a.N * 4)) {
+      if (int error = StagedStore::describe("tlse_hop_product: partials", e.out_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                                            e.partials, a.M, a.N, a.N, shape.k_splits))
+        return error;
+      return launch_with(std::integral_constant<Store, Store::StagedPartials>{});
+    }
+    if (e.out && !e.accumulate && !e.partials && !e.out_index && whole_chunks(a.out, a.N * elem, a.ldo * elem)) {
+      constexpr CUtensorMapDataType type =
+          std::is_same_v<Input, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+      if (int error = StagedStore::describe("tlse_hop_product: out", e.out_map, type, a.out, a.M, a.N, a.ldo))
+        return error;
+      return launch_with(std::integral_constant<Store, Store::Staged>{});
+    }
+    return launch_with(std::integral_constant<Store, Store::Registers>{});
+  };
+  if (int err = launch_product()) return err;
   if (shape.k_splits == 1) return TLSE_HOP_OK;
   const int64_t pairs = a.M * a.N / 2;
   const int blocks = int(std::min<int64_t>((pairs + 255) / 256, int64_t(multiprocessors()) * 8));

@@ -6,6 +6,7 @@
 // and consumers alike.
 #include "kernel.cuh"
 #include "logit_model.cuh"
+#include "staged_store.cuh"
 
 namespace tlse::hopper {
 
@@ -22,6 +23,7 @@ struct ProductParams {
   int64_t ldo;
   bool accumulate;
   float* partials;  // [k split][M][N], or nullptr when K is not split
+  CUtensorMap out_map;  // ProductStore::Staged: out (M x N, ldo); StagedPartials: the partials' layers
 };
 
 /// The output row that product row m goes to (through the row index of a bf16 output).
@@ -50,20 +52,31 @@ __device__ __forceinline__ void store_pair(const ProductParams<T>& p, int64_t ro
   *reinterpret_cast<cutlass::Array<T, 2>*>(p.out + row * p.ldo + n) = pair;
 }
 
-/// InPlaceF32: the output is out_f32, accumulated, K not split; the tile is added by reductions.
-/// A compile-time choice: the reduction path in the same kernel as the others made ptxas spill
-/// 184 bytes of the accumulators in every product, which cost the training step's products (which
-/// never take it) 9% (42.0 -> 46.0 ms per step on the H200).
-template <class T, bool InPlaceF32>
+/// How a product's tile leaves the registers. A compile-time choice: the reduction path in the same
+/// kernel as the others made ptxas spill 184 bytes of the accumulators in every product, which
+/// cost the training step's products (which never take it) 9% (42.0 -> 46.0 ms per step on the H200).
+enum class ProductStore {
+  Registers,       // any output, pair by pair from the registers (read-add-store with accumulate)
+  InPlaceF32,      // out_f32, accumulated, K not split: the tile is added by reductions
+  Staged,          // out in the input type, complete (no accumulate, index or split): through StagedStore
+  StagedPartials,  // K split: the split's fp32 partial through StagedStore
+};
+
+template <class T, ProductStore Store>
 struct ProductEpilogue {
   using Params = ProductParams<T>;
-  struct SharedStorage {};
+  static constexpr bool STAGED = Store == ProductStore::Staged || Store == ProductStore::StagedPartials;
+  struct NoStaging {};
+  struct SharedStorage {
+    std::conditional_t<STAGED, StagedStore::Storage, NoStaging> staged;  // the tile's boxes on their way out
+  };
   const Params& p;
+  SharedStorage& s;
 
   int ct;
 
-  __device__ ProductEpilogue(const Params& params, SharedStorage&, int consumer_thread)
-      : p(params), ct(consumer_thread) {}
+  __device__ ProductEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
+      : p(params), s(storage), ct(consumer_thread) {}
 
   /// Whether the K step k of output row tile m reads a G tile the gradient panel kept.
   __device__ static bool keep(const Params& p, int m, int k) {
@@ -78,7 +91,7 @@ struct ProductEpilogue {
   /// brought into L2 (two consumer threads per row, 128-byte lines), so that its reads after the
   /// products wait on L2 rather than on HBM, where every CTA's epilogue lands at once.
   __device__ void prefetch(const WorkUnit&, int m, int n) {
-    if (InPlaceF32 || !p.accumulate || p.partials) return;
+    if (Store != ProductStore::Registers || !p.accumulate || p.partials) return;
     const int64_t row = int64_t(m) * TILE_M + ct / 2;
     const int64_t n0 = int64_t(n) * TILE_N + (ct % 2) * (TILE_N / 2);
     if (row >= p.M || n0 >= p.N) return;
@@ -98,7 +111,22 @@ struct ProductEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t m0 = int64_t(m) * TILE_M, n0 = int64_t(n) * TILE_N;
-    if constexpr (InPlaceF32) {
+    if constexpr (Store == ProductStore::Staged) {
+      // Each warp stages its 16 rows in shared memory and one lane stores them with TMA, which
+      // clips what lies past the output. From the registers, each pair's 64-bit address and
+      // bounds test made the epilogue 15% of the warps' time in the training step's dC = G^T E
+      // (64 K steps per tile; Nsight Compute on the H200), with the tensor cores idle meanwhile.
+      StagedStore::put_rows<T>(s.staged, ct >> 5, ct & 31, p.out_map, m, n, c,
+                               [&](int r, int j) { return Fragment::at(acc, r, j); });
+      return;
+    }
+    if constexpr (Store == ProductStore::StagedPartials) {
+      StagedStore::put_rows<float, true>(
+          s.staged, ct >> 5, ct & 31, p.out_map, m, n, c, [&](int r, int j) { return Fragment::at(acc, r, j); },
+          w.k_unit);
+      return;
+    }
+    if constexpr (Store == ProductStore::InPlaceF32) {
       // out_f32 += acc as red.global.add: the L2 adds, the consumers go straight back to the
       // tensor cores instead of waiting for the old values (every CTA's epilogue lands on memory
       // at once, and a read there idled the tensor cores for as long as 36 K steps per tile).

@@ -25,8 +25,10 @@ struct StagedStore {
 
   /// The tensor map of a row-major matrix (rows x cols elements of `type`, leading dimension ld
   /// elements, 16-byte aligned) in boxes of 16 rows of 64 bytes; 0, or the failure (named after `call`).
+  /// With layers > 1, that many such matrices one after the other (rows x ld elements apart), a
+  /// box in one of them: TMA clips a box at its own matrix's last row.
   static int describe(const char* call, CUtensorMap& map, CUtensorMapDataType type, void* data, int64_t rows,
-                      int64_t cols, int64_t ld);
+                      int64_t cols, int64_t ld, int64_t layers = 1);
 
   /// Byte offset of (line, byte) in a box under the 64-byte swizzle (bits 4-5 ^= bits 7-8).
   __device__ __forceinline__ static uint32_t offset(int line, int byte) {
@@ -35,20 +37,28 @@ struct StagedStore {
   }
 
   /// Stages one box of the warp (fill(address of the box in shared memory) writes it) in buffer
-  /// `parity` and stores it at column x, row y of `map`; TMA clips what lies outside the matrix,
+  /// `parity` and stores it at column x, row y (of layer z, for a map of layers) of `map`; TMA
+  /// clips what lies outside the matrix,
   /// except that a row's last 16-byte chunk is written whole (seen on the H100: a float row of
   /// 2050 columns got 2052), so the leading dimension pads each row to 16 bytes and what lands in
   /// that padding is not to be read.
-  template <class Fill>
+  template <bool Layers = false, class Fill>
   __device__ __forceinline__ static void put(Storage& s, int warp, int lane, int parity, const CUtensorMap& map,
-                                             int32_t x, int32_t y, Fill&& fill) {
+                                             int32_t x, int32_t y, int32_t z, Fill&& fill) {
     const uint32_t box = uint32_t(__cvta_generic_to_shared(s.box[2 * warp + parity]));
     if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // the box is free
     __syncwarp();
     fill(box);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes are visible to TMA
     __syncwarp();
-    if (lane == 0)
+    if (lane != 0) return;
+    if constexpr (Layers)
+      asm volatile(
+          "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<uint64_t>(&map)),
+          "r"(box), "r"(x), "r"(y), "r"(z)
+          : "memory");
+    else
       asm volatile(
           "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
           "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<uint64_t>(&map)),
@@ -60,15 +70,15 @@ struct StagedStore {
   /// column pairs c.col_base + 8 v) stored as T at tile (m, n) of `map`, a row per line: box b
   /// holds tile columns [b W, (b + 1) W), W = 64 bytes of T, and the thread's adjacent pairs go as
   /// one 4-byte (16-bit T) or 8-byte (float) store. value(r, j) is fragment entry (r, j) as a
-  /// float, already rounded as it is to be stored when T is float.
-  template <class T, class Frag, class Value>
+  /// float, already rounded as it is to be stored when T is float. Layers: into layer z of `map`.
+  template <class T, bool Layers = false, class Frag, class Value>
   __device__ __forceinline__ static void put_rows(Storage& s, int warp, int lane, const CUtensorMap& map, int m, int n,
-                                                  const Frag& c, Value&& value) {
+                                                  const Frag& c, Value&& value, int32_t z = 0) {
     static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16-bit types or float");
     constexpr int W = LINE_BYTES / int(sizeof(T)), PAIRS = W / 8;  // per row of a box
 #pragma unroll
     for (int b = 0; b < TILE_N / W; ++b)
-      put(s, warp, lane, b & 1, map, n * TILE_N + b * W, m * TILE_M + LINES * warp, [&](uint32_t box) {
+      put<Layers>(s, warp, lane, b & 1, map, n * TILE_N + b * W, m * TILE_M + LINES * warp, z, [&](uint32_t box) {
 #pragma unroll
         for (int r = 0; r < Frag::ROWS; ++r)
 #pragma unroll

@@ -461,6 +461,17 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     p.out_f32 = nullptr, p.out = dB_out, p.out_index = d_order;
     rc = tlse_hop_product(&p, nullptr);
   }
+  const int64_t splits_b = p.k_splits;
+  // dB again in place, complete (no index, K not split): the tile leaves through TMA, which must
+  // clip it at W rows and D columns of a wider, taller output (a padded row, a row past the end).
+  const int64_t ld_plain = D + 8, plain_bytes = (W + 1) * ld_plain * elem;
+  void* dB_plain = nullptr;
+  CUDA_OK(cudaMalloc(&dB_plain, size_t(plain_bytes)));
+  CUDA_OK(cudaMemset(dB_plain, 0x7f, size_t(plain_bytes)));
+  if (rc == 0) {
+    p.out = dB_plain, p.out_index = nullptr, p.ldo = ld_plain, p.max_k_splits = 1;
+    rc = tlse_hop_product(&p, nullptr);
+  }
   CUDA_OK(cudaDeviceSynchronize());
   if (rc != 0) {
     expect(false, name + ": product: " + tlse_hop_error_string());
@@ -475,7 +486,29 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     const auto b = download(static_cast<__nv_bfloat16*>(dB_out), size_t(W * D));
     for (size_t i = 0; i < b.size(); ++i) h_dB[i] = double(__bfloat162float(b[i]));
   }
-  double worst_dA = 0, worst_dB = 0;
+  // The plain output, and whether anything landed outside its W x D values.
+  std::vector<unsigned char> plain(static_cast<size_t>(plain_bytes));
+  CUDA_OK(cudaMemcpy(plain.data(), dB_plain, plain.size(), cudaMemcpyDeviceToHost));
+  int64_t plain_outside = 0;
+  for (int64_t b = 0; b < plain_bytes; ++b) {
+    const int64_t row = b / (ld_plain * elem), col = b % (ld_plain * elem) / elem;
+    if ((row >= W || col >= D) && plain[size_t(b)] != 0x7f) ++plain_outside;
+  }
+  std::vector<double> h_dB_plain(size_t(W * D));
+  for (int64_t j = 0; j < W; ++j)
+    for (int64_t k = 0; k < D; ++k) {
+      const unsigned char* at = &plain[size_t((j * ld_plain + k) * elem)];
+      if (tf32) {
+        float f;
+        std::memcpy(&f, at, sizeof f);
+        h_dB_plain[size_t(j * D + k)] = f;
+      } else {
+        __nv_bfloat16 b;
+        std::memcpy(&b, at, sizeof b);
+        h_dB_plain[size_t(j * D + k)] = double(__bfloat162float(b));
+      }
+    }
+  double worst_dA = 0, worst_dB = 0, worst_dB_plain = 0;
   const double u = std::ldexp(1.0, tf32 ? -9 : -8);
   for (int64_t i = 0; i < R; ++i)
     for (int64_t k = 0; k < D; ++k) {
@@ -493,19 +526,21 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
         const double t = dz[i * W + j] * scale * A.value[i * D + k];
         ref += t, bound += std::fabs(t);
       }
-      const double got = h_dB[order[j] * D + k];
-      worst_dB = std::max(worst_dB, std::fabs(got - ref) / (u * bound + u * std::fabs(ref) + 1e-6));
+      const double tol = u * bound + u * std::fabs(ref) + 1e-6;
+      worst_dB = std::max(worst_dB, std::fabs(h_dB[order[j] * D + k] - ref) / tol);
+      worst_dB_plain = std::max(worst_dB_plain, std::fabs(h_dB_plain[j * D + k] - ref) / tol);
     }
-  char buf[300];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
-                ": tiles kept %ld/%ld, k splits %ld/%ld, err/tol G %.3f rowsum %.3f colsum %.3f dA %.3f dB %.3f, "
-                "%ld written outside",
-                long(kept), long(row_tiles * col_tiles), long(splits_a), long(p.k_splits), worst_g, worst_rowsum,
-                worst_colsum, worst_dA, worst_dB, long(outside));
-  expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1,
+                ": tiles kept %ld/%ld, k splits %ld/%ld, err/tol G %.3f rowsum %.3f colsum %.3f dA %.3f dB %.3f "
+                "(in place, TMA %.3f), %ld written outside (TMA %ld)",
+                long(kept), long(row_tiles * col_tiles), long(splits_a), long(splits_b), worst_g, worst_rowsum,
+                worst_colsum, worst_dA, worst_dB, worst_dB_plain, long(outside), long(plain_outside));
+  expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1 &&
+             worst_dB_plain <= 1 && plain_outside == 0,
          name + buf);
   for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask, (void*)row_dot,
-                    (void*)col_sums, (void*)dA_out, dB_out, (void*)d_order, workspace, At, Bt})
+                    (void*)col_sums, (void*)dA_out, dB_out, dB_plain, (void*)d_order, workspace, At, Bt})
     cudaFree(ptr);
   cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target);
 }
