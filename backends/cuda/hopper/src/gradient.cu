@@ -5,10 +5,10 @@
 namespace tlse::hopper {
 namespace {
 
-template <class Input, bool General>
+template <class Input, bool General, bool Filter>
 int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = GradientEpilogue<Input, General>;
+  using Epilogue = GradientEpilogue<Input, General, Filter>;
   const int64_t width = a.col_end - a.col_begin;
   const int64_t row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, col_tiles = (width + TILE_N - 1) / TILE_N;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -78,7 +78,8 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
     // Every column of the panel takes x = scale * dot: the kernel without the general logit model.
     const bool simple = device_logit_model<Input>(a->logit, a->cols).simple_cols >= a->col_end;
     const auto s = static_cast<cudaStream_t>(stream);
-    return simple ? run_gradient<Input, false>(*a, s) : run_gradient<Input, true>(*a, s);
+    if (!simple) return run_gradient<Input, true, true>(*a, s);
+    return a->filter_eps > 0.f ? run_gradient<Input, false, true>(*a, s) : run_gradient<Input, false, false>(*a, s);
   };
   return a->dtype == TLSE_HOP_TF32 ? checked(float{}) : checked(cutlass::bfloat16_t{});
 }

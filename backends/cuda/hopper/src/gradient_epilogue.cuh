@@ -31,7 +31,10 @@ struct GradientParams {
 
 /// General: some tile may need the general logit model (see LseForwardEpilogue); without it the
 /// kernel has only the simple loops, the last column tile masking what lies past the panel.
-template <class T, bool General = true>
+/// Filter (taken into account without General): gradient filtering is on; off (the contrastive
+/// loss never filters), the simple loops track no softmax maximum or target hit: 11% fewer
+/// instructions in the bf16 kernel (SASS), 2% off the contrastive fwd+bwd on the H200.
+template <class T, bool General = true, bool Filter = true>
 struct GradientEpilogue {
   using Params = GradientParams<T>;
   struct SharedStorage {
@@ -135,7 +138,7 @@ struct GradientEpilogue {
       // The row's target as an offset from the thread's first column: compared with each
       // column's offset, a constant once the loop is unrolled.
       const int32_t target_at = own.target - int32_t(col0 + c.col(0));  // ids and counts < 2^31
-      if (Own) hit |= own.target >= col0 && own.target < (Edge ? p.col_end : col0 + TILE_N);
+      if (Own && Filter) hit |= own.target >= col0 && own.target < (Edge ? p.col_end : col0 + TILE_N);
 #pragma unroll
       for (int j = 0; j < Fragment::COLS; ++j) {
         const int jc = c.col(j);
@@ -146,12 +149,18 @@ struct GradientEpilogue {
             continue;
           }
         const float dot = v, x = dot * scale;
-        float dz = Own ? own.term(x, target_at == c.col(j) - c.col(0), pmax) : 0.f;
-        if (Other) {
+        const bool own_target = target_at == c.col(j) - c.col(0);
+        float dz = 0.f;
+        if constexpr (Own) dz = Filter ? own.term(x, own_target, pmax) : own.term(x, own_target);
+        if constexpr (Other) {
           const TermsAt& other = s.other[jc];
           const bool is_target = other.target == rid;
-          hit |= is_target;
-          dz += other.term(x, is_target, pmax);
+          if constexpr (Filter) {
+            hit |= is_target;
+            dz += other.term(x, is_target, pmax);
+          } else {
+            dz += other.term(x, is_target);
+          }
         }
         row_dot[r] += dz * dot;
         v = dz;

@@ -138,6 +138,11 @@ struct TermsAt {
     pmax = nan_max(pmax, p);
     return is_target ? g * p - w : g * p;
   }
+  /// The share without filtering.
+  __device__ __forceinline__ float term(float x, bool is_target) const {
+    const float p = exp_shifted(x, lse);
+    return is_target ? g * p - w : g * p;
+  }
   /// Sets `significant` where the entry survives gradient filtering.
   __device__ __forceinline__ float share(float x, int32_t other_id, float filter_eps, bool& significant) const {
     const float p = exp_shifted(x, lse);
