@@ -545,6 +545,69 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target);
 }
 
+/// A product whose output rows are not whole 16-byte chunks (N = 130), so that its tile leaves from
+/// the registers: fp32 K-split partials (out_f32, K split), then a complete bf16 output in a padded
+/// row (ldo = 136, the padding filled with a sentinel and left alone). The fp32 sums' tolerance
+/// is 2^-16 sum |a b| per element, bf16 output adds its rounding, 2^-8 |value|.
+void check_product_register_stores() {
+  const int64_t M = 200, N = 130, K = 3000, ld = 136;
+  Operand A{TLSE_HOP_BF16, M, K}, B{TLSE_HOP_BF16, K, ld};  // B(k, n) = B row k, column n
+  A.fill(1.0), B.fill(1.0);
+  void *dA = A.device(), *dB = B.device(), *out = nullptr, *workspace = nullptr;
+  float* out_f32 = nullptr;
+  CUDA_OK(cudaMalloc(&out_f32, size_t(M * ld) * sizeof(float)));
+  CUDA_OK(cudaMalloc(&out, size_t(M * ld) * 2));
+  CUDA_OK(cudaMemset(out, 0x7f, size_t(M * ld) * 2));
+  const size_t ws = tlse_hop_product_workspace(TLSE_HOP_BF16, M, N, K, 8, 0);
+  if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
+  tlse_hop_product_args p{};
+  p.dtype = TLSE_HOP_BF16;
+  p.a = dA, p.lda = K, p.b = dB, p.ldb = ld, p.b_transposed = 1;
+  p.M = M, p.N = N, p.K = K;
+  p.out_f32 = out_f32, p.ldo = ld;
+  p.workspace = workspace, p.workspace_bytes = ws, p.max_k_splits = 8;
+  int rc = tlse_hop_product(&p, nullptr);
+  const int64_t splits = p.k_splits;
+  if (rc == 0) {
+    p.out_f32 = nullptr, p.out = out, p.max_k_splits = 1;
+    rc = tlse_hop_product(&p, nullptr);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  if (rc != 0) {
+    expect(false, std::string("product with register stores: ") + tlse_hop_error_string());
+    return;
+  }
+  const auto f = download(out_f32, size_t(M * ld));
+  const auto b = download(static_cast<__nv_bfloat16*>(out), size_t(M * ld));
+  double worst_f32 = 0, worst_bf16 = 0;
+  int64_t outside = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = N; n < ld; ++n) {
+      uint16_t bits;
+      std::memcpy(&bits, &b[size_t(m * ld + n)], 2);
+      if (bits != 0x7f7f) ++outside;
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0, bound = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = A.value[m * K + k] * B.value[k * ld + n];
+        ref += t, bound += std::fabs(t);
+      }
+      const double tol = std::ldexp(bound, -16) + 1e-6;
+      worst_f32 = std::max(worst_f32, std::fabs(f[size_t(m * ld + n)] - ref) / tol);
+      const double got = double(__bfloat162float(b[size_t(m * ld + n)]));
+      worst_bf16 = std::max(worst_bf16, std::fabs(got - ref) / (tol + std::ldexp(std::fabs(ref), -8)));
+    }
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "product %ldx%ldx%ld, rows of 130 values: k splits %ld, err/tol fp32 %.3f bf16 %.3f, %ld written "
+                "in the padding",
+                long(M), long(N), long(K), long(splits), worst_f32, worst_bf16, long(outside));
+  expect(splits > 1 && worst_f32 <= 1 && worst_bf16 <= 1 && outside == 0, buf);
+  for (void* ptr : {dA, dB, out, (void*)out_f32, workspace}) cudaFree(ptr);
+}
+
 /// The entry points refuse what the kernels cannot take, with a reason naming the argument,
 /// before touching the device: checked everywhere, GPU or not (CI runs this part).
 void check_arguments() {
@@ -652,6 +715,7 @@ int main() {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, true);
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096, true);
   }
+  check_product_register_stores();
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
 }
