@@ -29,8 +29,7 @@ int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   e.filter_eps = a.filter_eps;
   e.col_begin = a.col_begin, e.col_end = a.col_end;
   e.G = static_cast<Input*>(a.G), e.GT = static_cast<Input*>(a.GT);
-  constexpr CUtensorMapDataType type =
-      std::is_same_v<Input, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr CUtensorMapDataType type = StagedStore::type_of<Input>();
   if (a.G)
     if (int error = StagedStore::describe("tlse_hop_gradient: G", e.g_map, type, a.G, a.rows.count, width, a.ldg))
       return error;

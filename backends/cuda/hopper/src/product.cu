@@ -63,15 +63,14 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
     if (e.out_f32 && e.accumulate && !e.partials)
       return launch_with(std::integral_constant<Store, Store::InPlaceF32>{});
     if (e.partials && whole_chunks(e.partials, a.N * 4, a.N * 4)) {
-      if (int error = StagedStore::describe("tlse_hop_product: partials", e.out_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+      if (int error = StagedStore::describe("tlse_hop_product: partials", e.out_map, StagedStore::type_of<float>(),
                                             e.partials, a.M, a.N, a.N, shape.k_splits))
         return error;
       return launch_with(std::integral_constant<Store, Store::StagedPartials>{});
     }
     if (e.out && !e.accumulate && !e.partials && !e.out_index && whole_chunks(a.out, a.N * elem, a.ldo * elem)) {
-      constexpr CUtensorMapDataType type =
-          std::is_same_v<Input, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-      if (int error = StagedStore::describe("tlse_hop_product: out", e.out_map, type, a.out, a.M, a.N, a.ldo))
+      if (int error = StagedStore::describe("tlse_hop_product: out", e.out_map, StagedStore::type_of<Input>(), a.out,
+                                            a.M, a.N, a.ldo))
         return error;
       return launch_with(std::integral_constant<Store, Store::Staged>{});
     }

@@ -22,7 +22,7 @@ struct ProductParams {
   const int32_t* out_index;
   int64_t ldo;
   bool accumulate;
-  float* partials;  // [k split][M][N], or nullptr when K is not split
+  float* partials;      // [k split][M][N], or nullptr when K is not split
   CUtensorMap out_map;  // ProductStore::Staged: out (M x N, ldo); StagedPartials: the partials' layers
 };
 
@@ -111,22 +111,17 @@ struct ProductEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t m0 = int64_t(m) * TILE_M, n0 = int64_t(n) * TILE_N;
-    if constexpr (Store == ProductStore::Staged) {
+    if constexpr (STAGED) {
       // Each warp stages its 16 rows in shared memory and one lane stores them with TMA, which
-      // clips what lies past the output. From the registers, each pair's 64-bit address and
-      // bounds test made the epilogue 15% of the warps' time in the training step's dC = G^T E
-      // (64 K steps per tile; Nsight Compute on the H200), with the tensor cores idle meanwhile.
-      StagedStore::put_rows<T>(s.staged, ct >> 5, ct & 31, p.out_map, m, n, c,
-                               [&](int r, int j) { return Fragment::at(acc, r, j); });
-      return;
-    }
-    if constexpr (Store == ProductStore::StagedPartials) {
-      StagedStore::put_rows<float, true>(
+      // clips what lies past the output (a split's partial: layer k_unit of the map). From the
+      // registers, each pair's 64-bit address and bounds test made the epilogue 15% of the warps'
+      // time in the training step's dC = G^T E (64 K steps per tile; Nsight Compute on the H200),
+      // with the tensor cores idle meanwhile.
+      constexpr bool partial = Store == ProductStore::StagedPartials;
+      StagedStore::put_rows<std::conditional_t<partial, float, T>, partial>(
           s.staged, ct >> 5, ct & 31, p.out_map, m, n, c, [&](int r, int j) { return Fragment::at(acc, r, j); },
           w.k_unit);
-      return;
-    }
-    if constexpr (Store == ProductStore::InPlaceF32) {
+    } else if constexpr (Store == ProductStore::InPlaceF32) {
       // out_f32 += acc as red.global.add: the L2 adds, the consumers go straight back to the
       // tensor cores instead of waiting for the old values (every CTA's epilogue lands on memory
       // at once, and a read there idled the tensor cores for as long as 36 K steps per tile).
@@ -146,33 +141,34 @@ struct ProductEpilogue {
                        : "memory");
         }
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int r = 0; r < Fragment::ROWS; ++r) {
-      const int64_t row = m0 + c.row(r);
-      if (row >= p.M) continue;
-      const int64_t dest = output_row(p, row);
-      const bool add = p.accumulate && !p.partials;
+      for (int r = 0; r < Fragment::ROWS; ++r) {
+        const int64_t row = m0 + c.row(r);
+        if (row >= p.M) continue;
+        const int64_t dest = output_row(p, row);
+        const bool add = p.accumulate && !p.partials;
 #pragma unroll
-      for (int j0 = 0; j0 < Fragment::COLS; j0 += BATCH) {
-        float2 old[BATCH / 2];
+        for (int j0 = 0; j0 < Fragment::COLS; j0 += BATCH) {
+          float2 old[BATCH / 2];
 #pragma unroll
-        for (int b = 0; b < BATCH / 2; ++b) {
-          const int64_t col = n0 + c.col(j0 + 2 * b);
-          if (add && col < p.N) old[b] = read_pair(p, dest, col);
-        }
+          for (int b = 0; b < BATCH / 2; ++b) {
+            const int64_t col = n0 + c.col(j0 + 2 * b);
+            if (add && col < p.N) old[b] = read_pair(p, dest, col);
+          }
 #pragma unroll
-        for (int b = 0; b < BATCH / 2; ++b) {
-          const int j = j0 + 2 * b;
-          const int64_t col = n0 + c.col(j);
-          if (col >= p.N) continue;
-          float v0 = Fragment::at(acc, r, j), v1 = Fragment::at(acc, r, j + 1);
-          if (add) v0 += old[b].x, v1 += old[b].y;
-          if (p.partials)
-            *reinterpret_cast<float2*>(p.partials + (int64_t(w.k_unit) * p.M + row) * p.N + col) = make_float2(v0, v1);
-          else
-            store_pair(p, dest, col, v0, v1);
+          for (int b = 0; b < BATCH / 2; ++b) {
+            const int j = j0 + 2 * b;
+            const int64_t col = n0 + c.col(j);
+            if (col >= p.N) continue;
+            float v0 = Fragment::at(acc, r, j), v1 = Fragment::at(acc, r, j + 1);
+            if (add) v0 += old[b].x, v1 += old[b].y;
+            if (p.partials)
+              *reinterpret_cast<float2*>(p.partials + (int64_t(w.k_unit) * p.M + row) * p.N + col) =
+                  make_float2(v0, v1);
+            else
+              store_pair(p, dest, col, v0, v1);
+          }
         }
       }
     }

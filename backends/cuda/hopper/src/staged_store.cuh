@@ -23,6 +23,13 @@ struct StagedStore {
     alignas(1024) char box[2 * WARPS][BOX_BYTES];
   };
 
+  /// The element type of T's tensor maps (bf16 or float; fp16 is never stored).
+  template <class T>
+  static constexpr CUtensorMapDataType type_of() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, cutlass::bfloat16_t>, "bf16 or float");
+    return std::is_same_v<T, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  }
+
   /// The tensor map of a row-major matrix (rows x cols elements of `type`, leading dimension ld
   /// elements, 16-byte aligned) in boxes of 16 rows of 64 bytes; 0, or the failure (named after `call`).
   /// With layers > 1, that many such matrices one after the other (rows x ld elements apart), a
@@ -38,10 +45,9 @@ struct StagedStore {
 
   /// Stages one box of the warp (fill(address of the box in shared memory) writes it) in buffer
   /// `parity` and stores it at column x, row y (of layer z, for a map of layers) of `map`; TMA
-  /// clips what lies outside the matrix,
-  /// except that a row's last 16-byte chunk is written whole (seen on the H100: a float row of
-  /// 2050 columns got 2052), so the leading dimension pads each row to 16 bytes and what lands in
-  /// that padding is not to be read.
+  /// clips what lies outside the matrix, except that a row's last 16-byte chunk is written whole
+  /// (seen on the H100: a float row of 2050 columns got 2052), so the leading dimension pads each
+  /// row to 16 bytes and what lands in that padding is not to be read.
   template <bool Layers = false, class Fill>
   __device__ __forceinline__ static void put(Storage& s, int warp, int lane, int parity, const CUtensorMap& map,
                                              int32_t x, int32_t y, int32_t z, Fill&& fill) {
