@@ -15,6 +15,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "dependent_launch.cuh"
 #include "mainloop.cuh"
 #include "staged_store.cuh"
 
@@ -72,6 +73,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = CONSUMER_THREADS;
   Pipeline pipeline(ss.mainloop.pipeline, pp, Shape<_1, _1, _1>{});
+  wait_for_previous_grid();  // nothing above touched global memory (launch(): dependent launch)
+  allow_next_grid();
   __syncthreads();  // the barriers are initialized before anyone waits on them
 
   const TileSchedule& sched = kp.schedule;

@@ -38,7 +38,8 @@ int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits,
 /// into equal whole-tile ranges (the last one shorter).
 int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes);
 
-/// Launches the kernel over the schedule's units on `stream`; 0 or a TLSE_HOP_E_LAUNCH failure.
+/// Launches the kernel over the schedule's units on `stream` as a dependent launch (its setup
+/// overlaps the previous kernel's tail); 0 or a TLSE_HOP_E_LAUNCH failure.
 template <class Config, class Epilogue>
 int launch(const char* name, const KernelParams<Config, Epilogue>& kp, cudaStream_t stream) {
   constexpr int smem = kernel_smem_bytes<Config, Epilogue>();
@@ -52,8 +53,7 @@ int launch(const char* name, const KernelParams<Config, Epilogue>& kp, cudaStrea
   const int units = kp.schedule.units();
   if (units == 0) return TLSE_HOP_OK;
   const int grid = units < multiprocessors() ? units : multiprocessors();
-  kernel<<<grid, THREADS, smem, stream>>>(kp);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e = launch_dependent(kernel, grid, THREADS, smem, stream, kp);
   if (e != cudaSuccess) return fail(TLSE_HOP_E_LAUNCH, std::string(name) + ": launch failed: " + cudaGetErrorString(e));
   return TLSE_HOP_OK;
 }

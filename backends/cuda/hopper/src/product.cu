@@ -80,8 +80,7 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   if (shape.k_splits == 1) return TLSE_HOP_OK;
   const int64_t pairs = a.M * a.N / 2;
   const int blocks = int(std::min<int64_t>((pairs + 255) / 256, int64_t(multiprocessors()) * 8));
-  split_reduce_kernel<Input><<<blocks, 256, 0, stream>>>(e, shape.k_splits);
-  const cudaError_t err = cudaGetLastError();
+  const cudaError_t err = launch_dependent(&split_reduce_kernel<Input>, blocks, 256, 0, stream, e, shape.k_splits);
   return err == cudaSuccess ? TLSE_HOP_OK
                             : fail(TLSE_HOP_E_LAUNCH,
                                    std::string("tlse_hop_product: reduce launch failed: ") + cudaGetErrorString(err));

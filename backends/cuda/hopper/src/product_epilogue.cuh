@@ -176,8 +176,11 @@ struct ProductEpilogue {
 };
 
 /// Sums the K splits' partials in order and writes each output pair (one thread per pair).
+/// Launched as a dependent launch after its product.
 template <class T>
 __global__ void split_reduce_kernel(const __grid_constant__ ProductParams<T> p, int splits) {
+  wait_for_previous_grid();
+  allow_next_grid();
   const int64_t pairs = p.M * p.N / 2;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t m = 2 * i / p.N, n = 2 * i % p.N;
