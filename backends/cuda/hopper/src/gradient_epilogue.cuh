@@ -38,7 +38,7 @@ template <class T, bool General = true, bool Filter = true>
 struct GradientEpilogue {
   using Params = GradientParams<T>;
   struct SharedStorage {
-    TermsAt other[TILE_N];
+    TermsAt other[2][TILE_N];  // the column side's terms, a slot per tile's parity
     float col_sum[8][TILE_N];
     int flags[2][8];
     StagedStore::Storage staged;  // G's and G^T's boxes on their way out
@@ -51,7 +51,7 @@ struct GradientEpilogue {
   const Params& p;
   SharedStorage& s;
   int ct;
-  int parity = 0;  // alternates the flag words between tiles
+  int parity = 0;  // alternates s.other's slots and the flag words between tiles
   float row_dot[ROWS];
   TermsAt next_other;  // column ct's softmax terms for the tile whose products run
 
@@ -74,14 +74,17 @@ struct GradientEpilogue {
   }
 
   template <class Acc>
-  __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit&, int m, int n) {
+  __device__ __forceinline__ void tile(Acc& acc, const Fragment& c, const WorkUnit&, int m, int n) {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = p.col_begin + int64_t(n) * TILE_N;
     const bool other_on = p.col_terms.active();
     const float eps = p.tile_mask ? p.filter_eps : 0.f;
-    // s.other and s.col_sum are read until the end of the previous tile (the flags alternate).
-    if (other_on || p.col_sums) consumer_sync();
+    // s.other's slot of this tile's parity was last read two tiles ago, before every thread
+    // reached the previous tile's barrier; s.col_sum is read until the end of the previous tile,
+    // so one barrier serves both.
     if (other_on) {
-      s.other[ct] = next_other;
+      s.other[parity][ct] = next_other;
+      consumer_sync();
+    } else if (p.col_sums) {
       consumer_sync();
     }
     const bool inside = col0 + TILE_N <= p.col_end;
@@ -98,12 +101,12 @@ struct GradientEpilogue {
     bool keep = true;
     if (p.tile_mask) {
       keep = consumers_any(significant, s.flags[parity], ct);
-      parity ^= 1;
       if (ct == 0) p.tile_mask[int64_t(m) * p.mask_ld + n] = keep;
     }
     if (p.G && keep) store(acc, c, m, n);
     if constexpr (std::is_same_v<T, float>)  // only TF32 needs G^T
       if (p.GT && keep) store_transposed(acc, c, m, n);
+    parity ^= 1;
   }
 
   /// simple_dlogits for the sides that are on (at least one).
@@ -117,55 +120,74 @@ struct GradientEpilogue {
 
   /// dlogits for a tile whose columns all take the simple model (x = scale * dot) and with the
   /// sides' terms fixed at compile time: no test per entry but the target's (measured: half the
-  /// instructions of the general loop). Edge: the panel ends inside the tile, the entries past it
-  /// get 0.
+  /// instructions of the general loop). Column by column, so that both rows of the thread take
+  /// the column's terms from one shared load; a row that takes no part is computed with the
+  /// others, left out of the filter's note, and zeroed after. Edge: the panel ends inside the
+  /// tile, the entries past it get 0.
   template <bool Own, bool Other, bool Edge, class Acc>
   __device__ __forceinline__ bool simple_dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
-    const float scale = p.logit.scale;
+    const float scale2 = p.logit.scale * LOG2E;
     float pmax = 0.f;
     bool hit = false;
+    bool row_ok[ROWS];
+    int32_t rid[ROWS], target_at[ROWS];
+    TermsAt own[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);
-      if (p.rows.output(row) < 0) {
-#pragma unroll
-        for (int j = 0; j < Fragment::COLS; ++j) Fragment::at(acc, r, j) = 0.f;
-        continue;
-      }
-      const int32_t rid = int32_t(p.rows.id(row));
-      TermsAt own;
-      if (Own) own.load(p.row_terms, rid);
+      row_ok[r] = p.rows.output(row) >= 0;
+      rid[r] = row_ok[r] ? int32_t(p.rows.id(row)) : 0;
+      if (Own && row_ok[r]) own[r].load(p.row_terms, rid[r]);
       // The row's target as an offset from the thread's first column: compared with each
       // column's offset, a constant once the loop is unrolled.
-      const int32_t target_at = own.target - int32_t(col0 + c.col(0));  // ids and counts < 2^31
-      if (Own && Filter) hit |= own.target >= col0 && own.target < (Edge ? p.col_end : col0 + TILE_N);
+      target_at[r] = own[r].target - int32_t(col0 + c.col(0));  // ids and counts < 2^31
+      if (Own && Filter)
+        hit |= row_ok[r] && own[r].target >= col0 && own[r].target < (Edge ? p.col_end : col0 + TILE_N);
+    }
 #pragma unroll
-      for (int j = 0; j < Fragment::COLS; ++j) {
-        const int jc = c.col(j);
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      const int jc = c.col(j);
+      if constexpr (Edge)
+        if (col0 + jc >= p.col_end) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) Fragment::at(acc, r, j) = 0.f;
+          continue;
+        }
+      TermsAt other;
+      if constexpr (Other) other = s.other[parity][jc];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
         float& v = Fragment::at(acc, r, j);
-        if constexpr (Edge)
-          if (col0 + jc >= p.col_end) {
-            v = 0.f;
-            continue;
-          }
-        const float dot = v, x = dot * scale;
-        const bool own_target = target_at == c.col(j) - c.col(0);
+        const float dot = v;
         float dz = 0.f;
-        if constexpr (Own) dz = Filter ? own.term(x, own_target, pmax) : own.term(x, own_target);
+        if constexpr (Own) {
+          const float e = own[r].softmax(dot, scale2);
+          const bool is_target = target_at[r] == jc - c.col(0);
+          dz = own[r].term(e, is_target);
+          // With the targets met, the tile survives gradient filtering when !(pmax < eps) (as
+          // TermsAt::share decides entry by entry; a NaN wins).
+          if constexpr (Filter)
+            if (row_ok[r]) pmax = nan_max(pmax, e);
+        }
         if constexpr (Other) {
-          const TermsAt& other = s.other[jc];
-          const bool is_target = other.target == rid;
-          if constexpr (Filter) {
-            hit |= is_target;
-            dz += other.term(x, is_target, pmax);
-          } else {
-            dz += other.term(x, is_target);
-          }
+          const float e = other.softmax(dot, scale2);
+          const bool is_target = other.target == rid[r];
+          const float t = other.term(e, is_target);
+          dz = Own ? dz + t : t;
+          if constexpr (Filter)
+            if (row_ok[r]) hit |= is_target, pmax = nan_max(pmax, e);
         }
         row_dot[r] += dz * dot;
         v = dz;
       }
     }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+      if (!row_ok[r]) {
+        row_dot[r] = 0.f;
+#pragma unroll
+        for (int j = 0; j < Fragment::COLS; ++j) Fragment::at(acc, r, j) = 0.f;
+      }
     return !(pmax < eps) || hit;
   }
 
@@ -195,7 +217,7 @@ struct GradientEpilogue {
           const float x = p.logit(dot, rid, cid);
           if (x != NEG_INF) {
             float share = own_on ? own.share(x, cid, eps, significant) : 0.f;
-            if (other_on) share += s.other[jc].share(x, rid, eps, significant);
+            if (other_on) share += s.other[parity][jc].share(x, rid, eps, significant);
             dz = share * p.logit.dx_dz(x);
           }
           row_dot[r] += dz * dot;

@@ -39,8 +39,17 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-/// exp(x - shift), x - shift formed first so that large logits keep their precision.
-__device__ __forceinline__ float exp_shifted(float x, float shift) { return ex2((x - shift) * LOG2E); }
+/// exp(scale * dot - shift) as one fma and ex2, from scale2 = scale log2 e and shift2 = shift
+/// log2 e (the caller forms them once per tile or row). Rounding the exponent's terms in log2 units
+/// adds about |scale * dot| 2^-23 to it, less than the dot product's own fp32 accumulation error
+/// (depth 2^-24 sum |a b|, which the tests' tolerances count); forming x - shift first, then
+/// scaling it, took two more instructions per entry.
+__device__ __forceinline__ float exp_of_dot(float dot, float scale2, float shift2) {
+  return ex2(fmaf(dot, scale2, -shift2));
+}
+
+/// exp(x - shift) for a logit x: exp_of_dot with scale 1 (shift2 is loop-invariant where shift is).
+__device__ __forceinline__ float exp_shifted(float x, float shift) { return exp_of_dot(x, LOG2E, shift * LOG2E); }
 
 /// max that lets a NaN win (NaN inputs propagate to the LSE instead of vanishing): one instruction.
 __device__ __forceinline__ float nan_max(float a, float b) {
@@ -123,33 +132,23 @@ inline DeviceTerms device_terms(const tlse_hop_terms& t) { return DeviceTerms{t.
 /// One position's softmax terms: its share of dL/dx is g exp(x - lse), minus w where the other
 /// position is its target (see BackwardTiles::dlogit). Ids fit 32 bits (counts < 2^31).
 struct TermsAt {
-  float lse = 0, g = 0, w = 0;
+  float lse2 = 0, g = 0, w = 0;  // lse2: the position's LSE in log2 units (lse log2 e)
   int32_t target = -1;
   __device__ __forceinline__ void load(const DeviceTerms& t, int64_t id) {
     if (!t.active()) return;
-    lse = t.lse[id], g = t.g[id];
+    lse2 = t.lse[id] * LOG2E, g = t.g[id];
     if (t.target) target = t.target[id], w = t.w[id];
   }
-  /// The share when the caller knows whether the other position is the target, noting the
-  /// largest softmax entry in pmax (a NaN wins): with the targets met, a tile survives gradient
-  /// filtering when !(pmax < filter_eps) (as share decides entry by entry).
-  __device__ __forceinline__ float term(float x, bool is_target, float& pmax) const {
-    const float p = exp_shifted(x, lse);
-    pmax = nan_max(pmax, p);
-    return is_target ? g * p - w : g * p;
-  }
-  /// The share without filtering.
-  __device__ __forceinline__ float term(float x, bool is_target) const {
-    const float p = exp_shifted(x, lse);
-    return is_target ? g * p - w : g * p;
-  }
-  /// Sets `significant` where the entry survives gradient filtering.
+  /// The softmax entry exp(x - lse) of x = scale * dot (scale2 = scale log2 e; exp_of_dot).
+  __device__ __forceinline__ float softmax(float dot, float scale2) const { return exp_of_dot(dot, scale2, lse2); }
+  /// The share of softmax entry p when the caller knows whether the other position is the target.
+  __device__ __forceinline__ float term(float p, bool is_target) const { return is_target ? g * p - w : g * p; }
+  /// The share of logit x; sets `significant` where the entry survives gradient filtering.
   __device__ __forceinline__ float share(float x, int32_t other_id, float filter_eps, bool& significant) const {
-    const float p = exp_shifted(x, lse);
-    significant |= !(p < filter_eps);
-    if (target != other_id) return g * p;
-    significant = true;
-    return g * p - w;
+    const float p = softmax(x, LOG2E);
+    const bool is_target = target == other_id;
+    significant |= is_target || !(p < filter_eps);
+    return term(p, is_target);
   }
 };
 

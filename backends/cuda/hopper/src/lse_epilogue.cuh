@@ -171,13 +171,14 @@ struct LseForwardEpilogue {
     for (int q = 0; q < CONSUMER_THREADS / 32; ++q) hi = fmaxf(hi, s.range[q][0]), lo = fminf(lo, s.range[q][1]);
     const float scale = p.logit.scale, top = fmaxf(scale * hi, scale * lo), bottom = fminf(scale * hi, scale * lo);
     if (!(hi > NEG_INF && bottom >= top - SPREAD)) return false;
+    const float scale2 = scale * LOG2E, top2 = top * LOG2E;
     float row_sum[ROWS] = {}, part[8];
     column_lanes_scatter(
         [&](int j) {
           float column;
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
-            const float e = exp_shifted(row_ok[r] ? Fragment::at(acc, r, j) * scale : NEG_INF, top);
+            const float e = row_ok[r] ? exp_of_dot(Fragment::at(acc, r, j), scale2, top2) : 0.f;
             row_sum[r] += e;
             column = r == 0 ? e : column + e;
           }
