@@ -22,7 +22,10 @@
 namespace {
 
 int failures = 0;
-std::mt19937_64 rng(std::random_device{}());
+/// Fresh inputs per run; TLSE_TEST_SEED replays a run's (main prints the seed).
+const unsigned seed = std::getenv("TLSE_TEST_SEED") ? unsigned(std::strtoul(std::getenv("TLSE_TEST_SEED"), nullptr, 10))
+                                                    : std::random_device{}();
+std::mt19937_64 rng(seed);
 
 #define CUDA_OK(x)                                                                         \
   do {                                                                                     \
@@ -684,6 +687,7 @@ void check_arguments() {
 }  // namespace
 
 int main() {
+  std::printf("seed %u (replay: TLSE_TEST_SEED=%u)\n", seed, seed);
   std::printf("arguments (no device needed):\n");
   check_arguments();
   int device = 0;
