@@ -43,6 +43,9 @@ struct ContrastiveCore {
   TileProblem<T, Acc> prob;
   index_t b;
   bool want_col;
+  /// Positives on the diagonal (no labels): column j's positive logit x(j, j) is row j's, so the
+  /// forward takes it from the rows' instead of a second pass over the operands.
+  bool diagonal = false;
 
   /// The larger of the forward's and the backward's workspace.
   static std::size_t workspace_bytes(const Exec& exec, index_t b, index_t depth, bool want_col,
@@ -86,13 +89,14 @@ struct ContrastiveCore {
     pair_logits(
         exec, prob, b, KOKKOS_LAMBDA(index_t k) { return k; }, KOKKOS_LAMBDA(index_t k) { return index_t(pos[k]); },
         a.row_pos);
-    if (want_col)
+    if (want_col && !diagonal)
       pair_logits(
           exec, prob, b, KOKKOS_LAMBDA(index_t k) { return index_t(pos[k]); }, KOKKOS_LAMBDA(index_t k) { return k; },
           a.col_pos);
     const Acc wr = Acc(w.row), wc = Acc(w.col);
     const bool col = want_col;
-    const Acc *row_lse = a.row_lse, *col_lse = a.col_lse, *row_pos = a.row_pos, *col_pos = a.col_pos;
+    const Acc *row_lse = a.row_lse, *col_lse = a.col_lse, *row_pos = a.row_pos,
+              *col_pos = diagonal ? a.row_pos : a.col_pos;
     Acc* terms = a.terms;
     Kokkos::parallel_for("tlse::contrastive_terms", Kokkos::RangePolicy<Exec>(exec, 0, b), KOKKOS_LAMBDA(index_t i) {
       Acc t = wr == Acc(0) ? Acc(0) : wr * (row_lse[i] - row_pos[i]);
@@ -215,7 +219,8 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
   Kokkos::Profiling::pushRegion("tlse::contrastive_loss");
   const impl::DirectionWeights w(opts.direction);
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
-  const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0};
+  const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0,
+                  labels.extent(0) == 0};
   impl::with_workspace(
       check.function(), exec, opts.workspace,
       [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, b, I.extent(1), core.want_col, opts, false); },
