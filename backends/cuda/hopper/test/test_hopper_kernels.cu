@@ -124,6 +124,14 @@ double lse_along(const std::vector<double>& x, int64_t first, int64_t stride, in
   return m + std::log(s);
 }
 
+/// sum_k |a_ik b_jk| over the depth D of row i of A and row j of B: the scale of the fp32
+/// rounding of their dot product.
+double abs_dot(const Operand& A, int64_t i, const Operand& B, int64_t j, int64_t D) {
+  double s = 0;
+  for (int64_t k = 0; k < D; ++k) s += std::fabs(A.value[i * D + k] * B.value[j * D + k]);
+  return s;
+}
+
 /// The arguments every sweep check shares (Args: tlse_hop_forward_args or tlse_hop_gradient_args):
 /// operands R x D and C x D (leading dimension D), x = scale * dot for every column; the rest is the
 /// caller's to set.
@@ -253,9 +261,8 @@ void check_kept_logits(int64_t R, int64_t C, int64_t D, double scale) {
           continue;
         }
         if (j >= C) continue;  // the row's last 16-byte chunk: written whole, values not to be read
-        double bound = 0;
-        for (int64_t k = 0; k < D; ++k) bound += std::fabs(A.value[i * D + k] * B.value[j * D + k]);
-        const double tol = std::ldexp(1.0, -20) * std::sqrt(double(D)) * std::fabs(scale) * bound + 1e-30;
+        const double tol =
+            std::ldexp(1.0, -20) * std::sqrt(double(D)) * std::fabs(scale) * abs_dot(A, i, B, j, D) + 1e-30;
         worst = std::max(worst, std::fabs(double(got) - x[i * C + j]) / tol);
       }
     char buf[120];
@@ -376,9 +383,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     double ref = 0, bound = 0, dots = 0, got = 0;
     for (int64_t j = 0; j < W; ++j) {
       const double d = dz[i * W + j], xv = x[i * C + col_begin + j];
-      double magnitude = 0;
-      for (int64_t k = 0; k < D; ++k) magnitude += std::fabs(A.value[i * D + k] * B.value[(col_begin + j) * D + k]);
-      ref += d * xv, bound += std::fabs(d * xv), dots += std::fabs(d) * magnitude;
+      ref += d * xv, bound += std::fabs(d * xv), dots += std::fabs(d) * abs_dot(A, i, B, col_begin + j, D);
     }
     for (int64_t s = 0; s < a.col_splits; ++s) got += h_row[s * R + i];
     const double tol = 1e-4 * bound + double(D) * std::ldexp(std::fabs(scale), -24) * dots + 1e-7;
