@@ -375,15 +375,20 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   const auto h_row = download(row_dot, size_t(a.col_splits * R));
   const auto h_col = download(col_sums, size_t(row_tiles * W));
   const auto h_mask = download(mask, size_t(row_tiles * col_tiles));
-  // The row sums multiply each dz by the kernel's dot product, whose fp32 accumulation error
-  // (up to depth 2^-24 scale sum_k |a_k b_k|, as in check_forward) a small |dz x| does not bound
-  // where the dot product cancels: counted beside the sum's own rounding (1e-4 of sum |dz x|).
+  // The row sums take sum_j dz(x_j) x_j at the kernel's x_j = x_j + e_j, whose fp32 accumulation
+  // error |e_j| is up to depth 2^-24 scale sum_k |a_k b_k| (as in check_forward): to first order
+  // the sum moves by sum_j e_j (dz_j + x_j p_j), p_j = d dz_j / d x_j the softmax terms (the LSEs
+  // are inputs). A small |dz x| does not bound that where a dot product cancels or |x_j| is large:
+  // counted beside the sum's own rounding (1e-4 of sum |dz x|).
   double worst_rowsum = 0, worst_colsum = 0;
   for (int64_t i = 0; i < R; ++i) {
     double ref = 0, bound = 0, dots = 0, got = 0;
     for (int64_t j = 0; j < W; ++j) {
       const double d = dz[i * W + j], xv = x[i * C + col_begin + j];
-      ref += d * xv, bound += std::fabs(d * xv), dots += std::fabs(d) * abs_dot(A, i, B, col_begin + j, D);
+      double p = g[i] * std::exp(xv - double(lse[i]));
+      if (both) p += col_g[col_begin + j] * std::exp(xv - double(col_lse[col_begin + j]));
+      ref += d * xv, bound += std::fabs(d * xv);
+      dots += (std::fabs(d) + p * std::fabs(xv)) * abs_dot(A, i, B, col_begin + j, D);
     }
     for (int64_t s = 0; s < a.col_splits; ++s) got += h_row[s * R + i];
     const double tol = 1e-4 * bound + double(D) * std::ldexp(std::fabs(scale), -24) * dots + 1e-7;
