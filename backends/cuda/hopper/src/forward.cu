@@ -40,11 +40,12 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
       TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
   kp.epilogue = {device_side(a.rows), device_side(a.cols), device_logit_model<Input>(a.logit, a.cols),
                  a.row_max,           a.row_sum,           a.col_max,
-                 a.col_sum,           a.col_logit_sum,     CUtensorMap{}};
+                 a.col_sum,           a.col_logit_sum,     CUtensorMap{},
+                 a.logit_tile_max,    4 * col_tiles};
   if constexpr (Logits)
-    if (int error =
-            StagedStore::describe("tlse_hop_lse_forward: logits", kp.epilogue.logits_map,
-                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.logits, a.rows.count, a.cols.count, a.ld_logits))
+    if (int error = StagedStore::describe("tlse_hop_lse_forward: logits", kp.epilogue.logits_map,
+                                          StagedStore::type_of<cutlass::half_t>(), a.logits, a.rows.count,
+                                          a.cols.count, a.ld_logits))
       return error;
   return launch("tlse_hop_lse_forward", kp, stream);
 }
@@ -67,10 +68,12 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
   if (a->logits && a->rows.position)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits are kept by row, rows.position must be NULL");
   if (a->logits &&
-      (a->ld_logits < a->cols.count || a->ld_logits % 4 != 0 || reinterpret_cast<std::uintptr_t>(a->logits) % 16 != 0))
+      (a->ld_logits < a->cols.count || a->ld_logits % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->logits) % 16 != 0))
     return fail(TLSE_HOP_E_ARGUMENT,
                 std::string(call) + ": logits must be 16-byte aligned with ld_logits >= cols.count (" +
-                    std::to_string(a->cols.count) + ") and a multiple of 4, got " + std::to_string(a->ld_logits));
+                    std::to_string(a->cols.count) + ") and a multiple of 8, got " + std::to_string(a->ld_logits));
+  if (a->logits && !a->logit_tile_max)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits are kept with their logit_tile_max, which is NULL");
   if (a->max_col_splits < 1 || a->max_row_groups < 1)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits and max_row_groups must be >= 1");
   return TLSE_HOP_OK;

@@ -6,9 +6,10 @@
 // rows (lanes by a reduce-scatter, then the 8 warps through shared memory), the sum of
 // exponentials under it and the logit sum are merged into the column slot of the unit's row group,
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
-// the slot a tile merges into is read before the tile's products run. No atomics. On request the
-// logits themselves are stored too (float, by row, through StagedStore), for a training step that
-// turns them into the gradient without recomputing the tiles.
+// the slot a tile merges into is read before the tile's products run. No atomics. On request
+// (Logits) the tiles' exponentials are stored too, for a training step that turns them into the
+// gradient without recomputing the tiles: each thread's max m over its part of a row of the tile,
+// and each 2^15 exp(x - m) in fp16 (through StagedStore), half the bytes of the logits as floats.
 #include "fragment_reductions.cuh"
 #include "staged_store.cuh"
 
@@ -20,7 +21,9 @@ struct LseForwardParams {
   DeviceLogitModel<T> logit;
   float *row_max, *row_sum;
   float *col_max, *col_sum, *col_logit_sum;
-  CUtensorMap logits_map;  // the kept logits (float, rows x cols), with Logits only
+  CUtensorMap logits_map;  // the kept exponentials (fp16, rows x cols), with Logits only
+  float* logit_tile_max;   // the max m of each row's tile and quad lane, with Logits only
+  int64_t logit_tile_max_ld;  // 4 x column tiles
 };
 
 /// General: some tile may need the general logit model (bias, softcap, masks, column ids). Without
@@ -43,6 +46,7 @@ struct LseForwardEpilogue {
   SharedStorage& s;
   int ct;
   float run_max[ROWS], run_sum[ROWS];
+  float kept_max[ROWS];  // with Logits: the maxima the tile's kept exponentials are under
   float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
 
   __device__ LseForwardEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
@@ -86,9 +90,7 @@ struct LseForwardEpilogue {
       else
         rows<true, true>(acc, c, row0, col0);  // the last column tile: past the columns is -inf
     }
-    if constexpr (Logits)
-      StagedStore::put_rows<float>(s.staged, ct >> 5, ct & 31, p.logits_map, m, n, c,
-                                   [&](int r, int j) { return Fragment::at(acc, r, j); });
+    if constexpr (Logits) keep_tile(acc, c, row0, m, n);
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
@@ -98,7 +100,46 @@ struct LseForwardEpilogue {
   template <bool Simple, bool Edge = false, class Acc>
   __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) fold_row(acc, r, row_logits<Simple, Edge>(acc, c, r, row0, col0));
+    for (int r = 0; r < ROWS; ++r) {
+      const float mx = row_logits<Simple, Edge>(acc, c, r, row0, col0);
+      if constexpr (Logits)
+        keep_row(acc, r, mx);
+      else
+        fold_row(acc, r, mx);
+    }
+  }
+
+  /// fold_row for a tile whose exponentials are kept: under the thread's max m of its part of
+  /// row r, each entry becomes e = 2^15 exp(x - m) in acc (a part all -inf is left as it is,
+  /// kept_max -inf, and stored as 0), and the state takes (m, sum e 2^-15).
+  template <class Acc>
+  __device__ __forceinline__ void keep_row(Acc& acc, int r, float mx) {
+    kept_max[r] = mx;
+    if (mx == NEG_INF) return;
+    const float shift2 = fmaf(mx, LOG2E, -15.f);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      float& x = Fragment::at(acc, r, j);
+      x = exp_of_dot(x, LOG2E, shift2);
+      sum += x;
+    }
+    lse_merge(run_max[r], run_sum[r], mx, sum * 0x1p-15f);
+  }
+
+  /// The tile's kept exponentials (fp16, through TMA), then the maxima they are under: one per
+  /// row, tile and quad lane, written after the stores so that their addresses take no registers
+  /// while the tile is live (ptxas spilled 200-300 bytes per thread otherwise).
+  template <class Acc>
+  __device__ __forceinline__ void keep_tile(const Acc& acc, const Fragment& c, int64_t row0, int m, int n) {
+    StagedStore::put_rows<cutlass::half_t>(s.staged, ct >> 5, ct & 31, p.logits_map, m, n, c, [&](int r, int j) {
+      return kept_max[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j);
+    });
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + c.row(r);
+      if (row < p.rows.count) p.logit_tile_max[row * p.logit_tile_max_ld + 4 * n + (ct & 3)] = kept_max[r];
+    }
   }
 
   /// The thread's part of row r as logits; returns their max (a NaN is dropped here but poisons

@@ -23,11 +23,15 @@ struct StagedStore {
     alignas(1024) char box[2 * WARPS][BOX_BYTES];
   };
 
-  /// The element type of T's tensor maps (bf16 or float; fp16 is never stored).
+  /// The element type of T's tensor maps.
   template <class T>
   static constexpr CUtensorMapDataType type_of() {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, cutlass::bfloat16_t>, "bf16 or float");
-    return std::is_same_v<T, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, cutlass::bfloat16_t> ||
+                      std::is_same_v<T, cutlass::half_t>,
+                  "bf16, fp16 or float");
+    return std::is_same_v<T, float>                 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+           : std::is_same_v<T, cutlass::half_t> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   }
 
   /// The tensor map of a row-major matrix (rows x cols elements of `type`, leading dimension ld

@@ -224,52 +224,87 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   cudaFree(dA), cudaFree(dB), cudaFree(parts);
 }
 
-/// The forward keeping its logits (bf16, the training step's rows-only sweep): every logit against
-/// the reference within the float accumulation bound of check_forward, and nothing written past
-/// the rows (a sentinel row follows) or past each row's last 16 bytes (ld_logits pads each row:
-/// TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says).
+/// An fp16 value from its bits (subnormals, infinities and NaN included).
+double half_value(uint16_t h) {
+  const int exponent = (h >> 10) & 31, fraction = h & 1023;
+  const double v = exponent == 0    ? std::ldexp(double(fraction), -24)
+                   : exponent == 31 ? (fraction ? NAN : INFINITY)
+                                    : std::ldexp(double(1024 + fraction), exponent - 25);
+  return h >> 15 ? -v : v;
+}
+
+/// The forward keeping its exponentials (bf16 inputs, the training step's rows-only sweep): each
+/// max m (per row, column tile and quad lane q: the columns j with (j mod 8) / 2 == q) against
+/// the reference's, within the float accumulation bound of check_forward, and each stored e against 2^15 exp(x - m) at the reference x and the kernel's
+/// m: fp16's 2^-11 relative, the dot product's error on the exponent (expm1 of the bound), and
+/// 2^-24 absolute for fp16's subnormals. Nothing written past the rows (a sentinel row follows),
+/// past each row's last 16 bytes (ld_logits pads each row: TMA writes a row's last 16-byte chunk
+/// whole, as tlse_hopper.h says) or past the tile maxima.
 void check_kept_logits(int64_t R, int64_t C, int64_t D, double scale) {
   Operand A{TLSE_HOP_BF16, R, D}, B{TLSE_HOP_BF16, C, D};
   A.fill(0.5), B.fill(0.5);
   const std::vector<double> x = logits(A, B, scale);
   void *dA = A.device(), *dB = B.device();
-  const int64_t ld = (C + 3) / 4 * 4 + 4, max_splits = 8;
-  const float sentinel = 12345.f;
-  const std::vector<float> init(size_t((R + 1) * ld), sentinel);
-  float *kept = nullptr, *parts = nullptr;
-  CUDA_OK(cudaMalloc(&kept, init.size() * sizeof(float)));
-  CUDA_OK(cudaMemcpy(kept, init.data(), init.size() * sizeof(float), cudaMemcpyHostToDevice));
+  const int64_t ld = (C + 7) / 8 * 8 + 8, max_splits = 8, ldm = 4 * ((C + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N);
+  const uint16_t sentinel = 0x7e01;  // a NaN the kernel does not produce
+  const float max_sentinel = 12345.f;
+  const std::vector<uint16_t> init(size_t((R + 1) * ld), sentinel);
+  const std::vector<float> init_max(size_t((R + 1) * ldm), max_sentinel);
+  uint16_t* kept = nullptr;
+  float *tile_max = nullptr, *parts = nullptr;
+  CUDA_OK(cudaMalloc(&kept, init.size() * sizeof(uint16_t)));
+  CUDA_OK(cudaMemcpy(kept, init.data(), init.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&tile_max, init_max.size() * sizeof(float)));
+  CUDA_OK(cudaMemcpy(tile_max, init_max.data(), init_max.size() * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
   auto a = sweep_args<tlse_hop_forward_args>(TLSE_HOP_BF16, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
-  a.logits = kept, a.ld_logits = ld;
+  a.logits = kept, a.ld_logits = ld, a.logit_tile_max = tile_max;
   a.max_col_splits = max_splits, a.max_row_groups = 1;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  const std::string name = "kept logits " + std::to_string(R) + "x" + std::to_string(C) + "x" + std::to_string(D);
+  const std::string name = "kept exponentials " + std::to_string(R) + "x" + std::to_string(C) + "x" + std::to_string(D);
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
   } else {
     const auto h = download(kept, init.size());
-    double worst = 0;
+    const auto hm = download(tile_max, init_max.size());
+    const auto x_tol = [&](int64_t i, int64_t j) {
+      return std::ldexp(1.0, -20) * std::sqrt(double(D)) * std::fabs(scale) * abs_dot(A, i, B, j, D) + 1e-30;
+    };
+    double worst_max = 0, worst_e = 0;
     int64_t outside = 0;
+    for (int64_t k = 0; k < ldm; ++k) outside += hm[size_t(R * ldm + k)] != max_sentinel;
+    const auto slot = [](int64_t j) { return 4 * (j / TLSE_HOP_TILE_N) + j % 8 / 2; };
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t k = 0; k < ldm; ++k) {
+        double ref = -INFINITY, tol = 0;
+        for (int64_t j = k / 4 * TLSE_HOP_TILE_N; j < std::min(C, (k / 4 + 1) * TLSE_HOP_TILE_N); ++j)
+          if (slot(j) == k) ref = std::max(ref, x[i * C + j]), tol = std::max(tol, x_tol(i, j));
+        const double got = hm[size_t(i * ldm + k)];
+        worst_max = std::max(worst_max, ref == -INFINITY ? (got == -INFINITY ? 0.0 : INFINITY) : std::fabs(got - ref) / tol);
+      }
     for (int64_t i = 0; i <= R; ++i)
       for (int64_t j = 0; j < ld; ++j) {
-        const float got = h[size_t(i * ld + j)];
-        if (i == R || j >= (C + 3) / 4 * 4) {
+        const uint16_t got = h[size_t(i * ld + j)];
+        if (i == R || j >= (C + 7) / 8 * 8) {
           outside += got != sentinel;
           continue;
         }
         if (j >= C) continue;  // the row's last 16-byte chunk: written whole, values not to be read
-        const double tol =
-            std::ldexp(1.0, -20) * std::sqrt(double(D)) * std::fabs(scale) * abs_dot(A, i, B, j, D) + 1e-30;
-        worst = std::max(worst, std::fabs(double(got) - x[i * C + j]) / tol);
+        const double m = hm[size_t(i * ldm + slot(j))];
+        const double ref = std::ldexp(std::exp(x[i * C + j] - m), 15);
+        const double tol = ref * (std::ldexp(1.0, -11) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -18)) +
+                           std::ldexp(1.0, -24);
+        const double e = half_value(got);
+        worst_e = std::isnan(e) ? INFINITY : std::max(worst_e, std::fabs(e - ref) / tol);
       }
-    char buf[120];
-    std::snprintf(buf, sizeof buf, ": error/tolerance %.3f, %ld values written outside", worst, long(outside));
-    expect(worst <= 1 && outside == 0, name + buf);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, ": error/tolerance tile max %.3f, e %.3f, %ld values written outside", worst_max,
+                  worst_e, long(outside));
+    expect(worst_max <= 1 && worst_e <= 1 && outside == 0, name + buf);
   }
-  cudaFree(dA), cudaFree(dB), cudaFree(kept), cudaFree(parts);
+  cudaFree(dA), cudaFree(dB), cudaFree(kept), cudaFree(tile_max), cudaFree(parts);
 }
 
 /// Backward, bf16: a gradient panel (row terms of a cross-entropy: lse, g, target, w), then
@@ -662,9 +697,11 @@ void check_arguments() {
   a.col_max = part;
   refused(tlse_hop_lse_forward(&a, nullptr), "col_max and col_sum go together", "forward: col_max alone");
   a = forward();
-  a.logits = part, a.ld_logits = 302;
-  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 4, got 302", "forward: logits, ld_logits 302");
-  a.ld_logits = 304;
+  a.logits = part, a.ld_logits = 302, a.logit_tile_max = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 8, got 302", "forward: logits, ld_logits 302");
+  a.ld_logits = 304, a.logit_tile_max = nullptr;
+  refused(tlse_hop_lse_forward(&a, nullptr), "logit_tile_max, which is NULL", "forward: logits without tile maxima");
+  a.logit_tile_max = part;
   a.rows.position = reinterpret_cast<const int32_t*>(data);
   refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: logits by position");
   a = forward();

@@ -3,67 +3,90 @@
 // and gradients in 3 products instead of the 4 of a forward and the fused backward. Per chunk of
 // rows, in order:
 //   1. tlse_hop_lse_forward sweeps the chunk against every column, gives the row LSE states and
-//      keeps the logits (float, by row);
-//   2. logits_to_gradient_kernel merges each row's states into its LSE and turns the row's logits
-//      into G = scale * dL/dx (bf16) in place;
+//      keeps the exponentials (fp16 2^15 exp(x - m) by row, m a max per row and part of a tile);
+//   2. exponentials_to_gradient_kernel merges each row's states into its LSE and turns the row's
+//      exponentials into G = scale * dL/dx (bf16) in place;
 //   3. dA_chunk = G B (tlse_hop_product): complete, written to the chunk's gradient rows;
 //   4. dB (+)= G^T A_chunk: written, or summed over the chunks in an fp32 accumulator.
 // Fixed order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every
 // entry of G is computed anyway) and the columns in their stored order.
 #if defined(TLSE_HAVE_HOPPER)
+#include <cuda_fp16.h>
+
 #include <tlse/backends/cuda/hopper_backward.hpp>
 #include <tlse/backends/cuda/hopper_step_plan.hpp>
 #include <tlse/impl/step_request.hpp>
 
 namespace tlse::impl::cuda {
 
-/// A block per row p of the chunk (row id `id[first + p]`, or first + p): its LSE from the
-/// forward's `splits` states (max[s][p], sum[s][p]) to lse[id], then its logits in place into
-/// G = scale * (g exp(x - lse) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef, in T
-/// (scale and dx/dz from the logit model the forward used).
-/// G row p overwrites the first half of logit row p: each pass of the loop reads its float4s
-/// before any thread writes the pass's T pairs, which land on floats read by this or an earlier
-/// pass (bf16 element j sits in float j / 2 <= j).
+/// A block per row p of the chunk (row id `id[first + p]`, or first + p): its LSE l from the
+/// forward's `splits` states (max[s][p], sum[s][p]) to lse[id], then its exponentials e = 2^15
+/// exp(x - m) (fp16; m = tile_max[p][4 tile + (j mod 8) / 2], tlse_hopper.h) in place into
+/// G = scale * (g e 2^-15 exp(m - l) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef,
+/// in T (scale and dx/dz from the logit model the forward used). The target's own term takes its
+/// logit from a dot product of the row and the target's column here: e does not tell a masked
+/// target (no term) from one far below the tile's max, nor give dx/dz where e underflows. Other
+/// entries take dx/dz at m + log(e 2^-15) under a softcap (e = 0: no term); without one it is 1.
 template <class T>
-__global__ void logits_to_gradient_kernel(float* logits, index_t ld, const float* max, const float* sum, int splits,
-                                          index_t chunk_rows, index_t first, const int* id_of, index_t cols,
-                                          const int* target, const float* coef, float z_loss,
-                                          const LogitModel<T, float> model, float* lse) {
+__global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const float* tile_max, index_t ld_tile_max,
+                                                const float* max, const float* sum, int splits, index_t chunk_rows,
+                                                index_t first, const int* id_of, index_t cols, const T* chunk,
+                                                const T* col_data, index_t depth, const int* target, const float* coef,
+                                                float z_loss, const LogitModel<T, float> model, float* lse) {
   static_assert(sizeof(T) == 2, "G is stored in a 16-bit type");
+  constexpr int WARPS = 256 / 32;
   const index_t p = blockIdx.x;
   const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
-  __shared__ float row_lse;
+  const index_t t = index_t(target[id]);
+  const bool has_target = t >= 0 && t < cols;
+  __shared__ float row_lse, target_x, dots[WARPS];
+  float dot = 0.f;  // the target's logit: the row's dot product with column t, in a fixed order
+  for (index_t k = threadIdx.x; has_target && k < depth; k += blockDim.x)
+    dot += to_acc<float>(chunk[p * depth + k]) * to_acc<float>(col_data[t * depth + k]);
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  if (threadIdx.x % 32 == 0) dots[threadIdx.x / 32] = dot;
+  __syncthreads();
   if (threadIdx.x == 0) {
     LseState<float> s;
     for (int k = 0; k < splits; ++k) s.merge(max[k * chunk_rows + p], sum[k * chunk_rows + p]);
     row_lse = s.value();
     lse[id] = row_lse;
+    float d = 0.f;
+    for (int w = 0; w < WARPS; ++w) d += dots[w];
+    target_x = has_target ? model(d, id, t) : -infinity<float>();
   }
   __syncthreads();
-  const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
-  const index_t t = index_t(target[id]);
-  float* row = logits + p * ld;
-  struct alignas(8) Quad {
-    T v[4];
+  const float l = row_lse, x_t = target_x, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
+  const bool softcap = model.softcap > 0.f;
+  const float target_dx_dz = model.dx_dz(x_t);
+  struct alignas(16) Eight {
+    unsigned short v[8];
   };
-  for (index_t j0 = 0; j0 < cols; j0 += 4 * index_t(blockDim.x)) {
-    const index_t j = j0 + 4 * index_t(threadIdx.x);
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (j < cols) x = *reinterpret_cast<const float4*>(row + j);  // ld is a multiple of 4
-    __syncthreads();
-    if (j >= cols) continue;
-    const float xs[4] = {x.x, x.y, x.z, x.w};
-    Quad q;
+  const float* row_max = tile_max + p * ld_tile_max;
+  Eight* row = reinterpret_cast<Eight*>(static_cast<unsigned short*>(exps) + p * ld);  // ld is a multiple of 8
+  for (index_t j = 8 * index_t(threadIdx.x); j < cols; j += 8 * index_t(blockDim.x)) {
+    const Eight in = row[j / 8];
+    // The eight's maxima, a pair each (a tile's columns hold whole eights); per pair
+    // f = g 2^-15 exp(m - l), 0 where m = -inf (e = 0 there; no NaN from l = -inf).
+    const float4 m4 = *reinterpret_cast<const float4*>(row_max + 4 * (j / FusedBackwardPlan::TILE_N));
+    const float ms[4] = {m4.x, m4.y, m4.z, m4.w};
+    Eight out;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float v = xs[e];
-      float dz = 0.f;
-      if (v != -infinity<float>()) {
-        dz = (g * expf(v - l) - (j + e == t ? w : 0.f)) * model.dx_dz(v);
-      }
-      q.v[e] = from_acc<T>(dz * model.scale);
+    for (int k = 0; k < 8; ++k) {
+      const float m = ms[k / 2];
+      const float f = m == -infinity<float>() ? 0.f : g * 0x1p-15f * expf(m - l);
+      const float e = __half2float(__ushort_as_half(in.v[k]));
+      float dz;
+      if (j + k == t)
+        dz = x_t == -infinity<float>() ? 0.f : (e * f - w) * target_dx_dz;
+      else if (j + k >= cols || e == 0.f)
+        dz = 0.f;
+      else
+        dz = e * f * (softcap ? model.dx_dz(m + logf(e * 0x1p-15f)) : 1.f);
+      const T gv = from_acc<T>(dz * model.scale);
+      out.v[k] = reinterpret_cast<const unsigned short&>(gv);
     }
-    *reinterpret_cast<Quad*>(reinterpret_cast<T*>(row) + j) = q;
+    row[j / 8] = out;
   }
 }
 
@@ -109,16 +132,16 @@ struct LseStepHopper {
       f.depth = D;
       f.logit = hopper_logit(prob.logit);
       f.row_max = f.row_sum = buf.partials;
-      f.logits = buf.logits, f.ld_logits = plan.ld_logits;
+      f.logits = buf.logits, f.ld_logits = plan.ld_logits, f.logit_tile_max = buf.tile_max;
       f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
       check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
       f.row_sum = buf.partials + f.col_splits * rows;
       check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (logits kept)");
 
-      logits_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
-          buf.logits, plan.ld_logits, f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index, V, r.target,
-          r.coef, r.z_loss, prob.logit, r.lse);
-      check_launch("logits_to_gradient_kernel");
+      exponentials_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
+          buf.logits, plan.ld_logits, buf.tile_max, plan.ld_tile_max(), f.row_max, f.row_sum, int(f.col_splits), rows,
+          first, row_index, V, chunk, prob.cols.data, D, r.target, r.coef, r.z_loss, prob.logit, r.lse);
+      check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
         tlse_hop_product_args p = product(plan, buf, plan.k_splits_rows);
@@ -152,7 +175,7 @@ struct LseStepHopper {
   }
 
  private:
-  /// The arguments both products share: G (bf16 over the chunk's logit rows) as operand A, the
+  /// The arguments both products share: G (bf16 over the chunk's exponentials) as operand A, the
   /// split partials.
   static tlse_hop_product_args product(const StepPlan& plan, const StepPlan::Buffers& buf, int k_splits) {
     tlse_hop_product_args p{};
