@@ -224,23 +224,22 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   cudaFree(dA), cudaFree(dB), cudaFree(parts);
 }
 
-/// An fp16 value from its bits (subnormals, infinities and NaN included).
-double half_value(uint16_t h) {
-  const int exponent = (h >> 10) & 31, fraction = h & 1023;
-  const double v = exponent == 0    ? std::ldexp(double(fraction), -24)
-                   : exponent == 31 ? (fraction ? NAN : INFINITY)
-                                    : std::ldexp(double(1024 + fraction), exponent - 25);
-  return h >> 15 ? -v : v;
+/// An fp16 value from its bits, converted as Operand::fill converts its fp16 inputs.
+double half_value(uint16_t bits) {
+  __half h;
+  std::memcpy(&h, &bits, 2);
+  return double(__half2float(h));
 }
 
 /// The forward keeping its exponentials (bf16 inputs, the training step's rows-only sweep): each
-/// max m (per row, column tile and quad lane q: the columns j with (j mod 8) / 2 == q) against
-/// the reference's, within the float accumulation bound of check_forward, and each stored e against 2^15 exp(x - m) at the reference x and the kernel's
-/// m: fp16's 2^-11 relative, the dot product's error on the exponent (expm1 of the bound), and
-/// 2^-24 absolute for fp16's subnormals. Nothing written past the rows (a sentinel row follows),
-/// past each row's last 16 bytes (ld_logits pads each row: TMA writes a row's last 16-byte chunk
-/// whole, as tlse_hopper.h says) or past the tile maxima.
-void check_kept_logits(int64_t R, int64_t C, int64_t D, double scale) {
+/// max m (per row, column tile and quad lane q: the columns j with (j mod 8) / 2 == q) against the
+/// reference's, within the float accumulation bound of check_forward, and each stored e against
+/// 2^15 exp(x - m) at the reference x and the kernel's m: fp16's 2^-11 relative, the dot product's
+/// error on the exponent (expm1 of the bound), and 2^-24 absolute for fp16's subnormals. Nothing
+/// written past the rows (a sentinel row follows), past each row's last 16 bytes (ld_logits pads
+/// each row: TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the tile
+/// maxima.
+void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale) {
   Operand A{TLSE_HOP_BF16, R, D}, B{TLSE_HOP_BF16, C, D};
   A.fill(0.5), B.fill(0.5);
   const std::vector<double> x = logits(A, B, scale);
@@ -764,8 +763,8 @@ int main() {
   check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
   check_forward(TLSE_HOP_BF16, 300, 700, 200, 1.0, 0.3, 650);  // the general logit model
   check_forward(TLSE_HOP_TF32, 257, 1001, 72, 2.0, 1.0, 1000);
-  check_kept_logits(300, 1001, 200, 1.0);
-  check_kept_logits(129, 2050, 72, 30.0);
+  check_kept_exponentials(300, 1001, 200, 1.0);
+  check_kept_exponentials(129, 2050, 72, 30.0);
   std::printf("backward (gradient panel, products):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_TF32}) {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);

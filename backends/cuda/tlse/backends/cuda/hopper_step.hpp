@@ -70,11 +70,13 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     // f = g 2^-15 exp(m - l), 0 where m = -inf (e = 0 there; no NaN from l = -inf).
     const float4 m4 = *reinterpret_cast<const float4*>(row_max + 4 * (j / FusedBackwardPlan::TILE_N));
     const float ms[4] = {m4.x, m4.y, m4.z, m4.w};
+    float fs[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) fs[q] = ms[q] == -infinity<float>() ? 0.f : g * 0x1p-15f * expf(ms[q] - l);
     Eight out;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float m = ms[k / 2];
-      const float f = m == -infinity<float>() ? 0.f : g * 0x1p-15f * expf(m - l);
+      const float m = ms[k / 2], f = fs[k / 2];
       const float e = __half2float(__ushort_as_half(in.v[k]));
       float dz;
       if (j + k == t)
