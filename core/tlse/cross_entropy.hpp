@@ -143,15 +143,21 @@ struct CrossEntropyCall {
     return count;
   }
 
-  /// The loss from the row LSEs in a.row_lse (by row id): loss_i = lse_i - x_i,target + z lse_i^2,
-  /// per row or reduced.
-  template <class Arrays, class LossV>
-  void write_loss(const Arrays& a, const TileProblem<T, Acc>& prob, const LossV& loss) const {
+  /// a.target_logit[k] = x_i,target for the k-th scored row i (a.active), under the call's logit model.
+  template <class Arrays>
+  void target_logits(const Arrays& a, const TileProblem<T, Acc>& prob) const {
     const int* active = a.active;
     const int* row_target = a.row_target;
     impl::pair_logits(
         exec, prob, active_count, KOKKOS_LAMBDA(index_t k) { return index_t(active[k]); },
         KOKKOS_LAMBDA(index_t k) { return index_t(row_target[active[k]]); }, a.target_logit);
+  }
+
+  /// The loss from the row LSEs in a.row_lse (by row id) and the target logits (target_logits):
+  /// loss_i = lse_i - x_i,target + z lse_i^2, per row or reduced.
+  template <class Arrays, class LossV>
+  void write_loss(const Arrays& a, const LossV& loss) const {
+    const int* active = a.active;
     const Acc z = Acc(o.z_loss);
     Acc* row_loss = a.row_loss;
     const Acc* row_lse = a.row_lse;
@@ -404,7 +410,8 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
         const auto prob = call.problem(a.active, a.position, nullptr);
         const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, V);
         impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr, want_order ? a.logit_sum : nullptr);
-        call.write_loss(a, prob, loss);
+        call.target_logits(a, prob);
+        call.write_loss(a, loss);
         const int* row_target = a.row_target;
         const Acc* row_lse = a.row_lse;
         if (want_lse) {
@@ -569,7 +576,9 @@ void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, co
           if (want_dE) call.zero_unscored_rows(f.row_target, dE);
           impl::StepRequest<T, Acc> r;
           r.prob = call.problem(f.active, f.position, nullptr);
+          call.target_logits(f, r.prob);  // the loss's and the gradient's target term share them
           r.target = f.row_target;
+          r.target_logit = f.target_logit;
           r.coef = a.coef;
           r.z_loss = Acc(opts.z_loss);
           r.lse = f.row_lse;
@@ -579,7 +588,7 @@ void cross_entropy_with_gradients(const Exec& exec, const EV& E, const CV& C, co
           r.scratch = a.scratch;
           r.scratch_bytes = a.scratch_bytes;
           done = impl::LseStepSpecialization<Exec>::run(exec, r);
-          if (done) call.write_loss(f, r.prob, loss);
+          if (done) call.write_loss(f, loss);
         });
     Kokkos::Profiling::popRegion();
   }

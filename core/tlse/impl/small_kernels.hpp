@@ -1,9 +1,17 @@
 #pragma once
 // The O(rows + cols) kernels around the tile sweeps: logits of single (row, column) pairs
 // (the "indexed matmul" of CCE for targets and positives), index lists, and deterministic sums.
+#include <cstdint>
 #include <tlse/impl/tile_problem.hpp>
 
 namespace tlse::impl {
+
+/// 16 bytes of T (one vector load on a GPU).
+template <class T>
+struct alignas(16) SixteenBytes {
+  static constexpr int COUNT = int(16 / sizeof(T));
+  T v[COUNT];
+};
 
 /// out[k] = x(row_of(k), col_of(k)) for k in [0, n): one team per pair, dot product over the depth.
 template <class Exec, class T, class Acc, class RowOf, class ColOf>
@@ -11,6 +19,14 @@ void pair_logits(const Exec& exec, const TileProblem<T, Acc>& prob, index_t n, c
                  const ColOf& col_of, Acc* out) {
   if (n == 0) return;
   const int team = is_host_space<Exec>() ? 1 : 32;
+  using Pack = SixteenBytes<T>;
+  static_assert(sizeof(Pack) == 16, "T divides 16 bytes");
+  // Each lane reads 16 bytes at a time where the rows allow it: one element per lane kept the
+  // loads latency-bound on a GPU (ncu, H100, 2026-11-26: 0.13 ms for 8192 bf16 pairs of depth
+  // 4096, about 1 TB/s). On the host (one thread per team) the sum's order is the same either way.
+  const auto aligned = [](const T* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(Pack) == 0; };
+  const bool packed = prob.depth % Pack::COUNT == 0 && aligned(prob.rows.data) && aligned(prob.cols.data);
+  const index_t steps = packed ? prob.depth / Pack::COUNT : prob.depth;
   using Member = typename Kokkos::TeamPolicy<Exec>::member_type;
   Kokkos::parallel_for(
       "tlse::pair_logits", Kokkos::TeamPolicy<Exec>(exec, int(n), team), KOKKOS_LAMBDA(const Member& m) {
@@ -20,8 +36,16 @@ void pair_logits(const Exec& exec, const TileProblem<T, Acc>& prob, index_t n, c
         const T* b = prob.cols.data + c * prob.depth;
         Acc dot = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, prob.depth),
-            [&](index_t d, Acc& s) { s += to_acc<Acc>(a[d]) * to_acc<Acc>(b[d]); }, dot);
+            Kokkos::TeamThreadRange(m, steps),
+            [&](index_t d, Acc& s) {
+              if (packed) {
+                const Pack pa = reinterpret_cast<const Pack*>(a)[d], pb = reinterpret_cast<const Pack*>(b)[d];
+                for (int q = 0; q < Pack::COUNT; ++q) s += to_acc<Acc>(pa.v[q]) * to_acc<Acc>(pb.v[q]);
+              } else {
+                s += to_acc<Acc>(a[d]) * to_acc<Acc>(b[d]);
+              }
+            },
+            dot);
         Kokkos::single(Kokkos::PerTeam(m), [&]() { out[k] = prob.logit(dot, r, c); });
       });
 }

@@ -13,9 +13,10 @@ namespace tlse::impl {
 /// is known (cross_entropy_backward's coefficients).
 template <class T, class Acc>
 struct StepRequest {
-  TileProblem<T, Acc> prob;   // the scored rows (through an index when some are not) against every column
-  const int* target = nullptr;  // by row id
-  const Acc* coef = nullptr;    // by row id
+  TileProblem<T, Acc> prob;           // the scored rows (through an index when some are not) against every column
+  const int* target = nullptr;        // by row id
+  const Acc* target_logit = nullptr;  // x(row, target) under prob.logit, by position in prob's rows
+  const Acc* coef = nullptr;          // by row id
   Acc z_loss = 0;
   Acc* lse = nullptr;           // out, by row id (scored rows only)
   T* grad_rows = nullptr;       // by row id (nullptr: not wanted)

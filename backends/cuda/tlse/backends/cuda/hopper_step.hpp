@@ -24,39 +24,29 @@ namespace tlse::impl::cuda {
 /// exp(x - m) (fp16; m = tile_max[p][4 tile + (j mod 8) / 2], tlse_hopper.h) in place into
 /// G = scale * (g e 2^-15 exp(m - l) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef,
 /// in T (scale and dx/dz from the logit model the forward used). The target's own term takes its
-/// logit from a dot product of the row and the target's column here: e does not tell a masked
-/// target (no term) from one far below the tile's max, nor give dx/dz where e underflows. Other
-/// entries take dx/dz at m + log(e 2^-15) under a softcap (e = 0: no term); without one it is 1.
+/// logit from target_logit[first + p] (the loss's, by position): e does not tell a masked target
+/// (no term) from one far below the tile's max, nor give dx/dz where e underflows. Other entries
+/// take dx/dz at m + log(e 2^-15) under a softcap (e = 0: no term); without one it is 1.
 template <class T>
 __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const float* tile_max, index_t ld_tile_max,
                                                 const float* max, const float* sum, int splits, index_t chunk_rows,
-                                                index_t first, const int* id_of, index_t cols, const T* chunk,
-                                                const T* col_data, index_t depth, const int* target, const float* coef,
-                                                float z_loss, const LogitModel<T, float> model, float* lse) {
+                                                index_t first, const int* id_of, index_t cols, const int* target,
+                                                const float* target_logit, const float* coef, float z_loss,
+                                                const LogitModel<T, float> model, float* lse) {
   static_assert(sizeof(T) == 2, "G is stored in a 16-bit type");
-  constexpr int WARPS = 256 / 32;
   const index_t p = blockIdx.x;
   const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
   const index_t t = index_t(target[id]);
-  const bool has_target = t >= 0 && t < cols;
-  __shared__ float row_lse, target_x, dots[WARPS];
-  float dot = 0.f;  // the target's logit: the row's dot product with column t, in a fixed order
-  for (index_t k = threadIdx.x; has_target && k < depth; k += blockDim.x)
-    dot += to_acc<float>(chunk[p * depth + k]) * to_acc<float>(col_data[t * depth + k]);
-  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-  if (threadIdx.x % 32 == 0) dots[threadIdx.x / 32] = dot;
-  __syncthreads();
+  __shared__ float row_lse;
   if (threadIdx.x == 0) {
     LseState<float> s;
     for (int k = 0; k < splits; ++k) s.merge(max[k * chunk_rows + p], sum[k * chunk_rows + p]);
     row_lse = s.value();
     lse[id] = row_lse;
-    float d = 0.f;
-    for (int w = 0; w < WARPS; ++w) d += dots[w];
-    target_x = has_target ? model(d, id, t) : -infinity<float>();
   }
   __syncthreads();
-  const float l = row_lse, x_t = target_x, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
+  const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
+  const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
   const bool softcap = model.softcap > 0.f;
   const float target_dx_dz = model.dx_dz(x_t);
   struct alignas(16) Eight {
@@ -64,11 +54,9 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
   };
   const float* row_max = tile_max + p * ld_tile_max;
   Eight* row = reinterpret_cast<Eight*>(static_cast<unsigned short*>(exps) + p * ld);  // ld is a multiple of 8
-  for (index_t j = 8 * index_t(threadIdx.x); j < cols; j += 8 * index_t(blockDim.x)) {
-    const Eight in = row[j / 8];
-    // The eight's maxima, a pair each (a tile's columns hold whole eights); per pair
-    // f = g 2^-15 exp(m - l), 0 where m = -inf (e = 0 there; no NaN from l = -inf).
-    const float4 m4 = *reinterpret_cast<const float4*>(row_max + 4 * (j / FusedBackwardPlan::TILE_N));
+  // G of the eight columns from j: its maxima m4, a pair each (a tile's columns hold whole eights),
+  // per pair f = g 2^-15 exp(m - l), 0 where m = -inf (e = 0 there; no NaN from l = -inf).
+  const auto gradient = [&](const Eight& in, const float4& m4, index_t j) {
     const float ms[4] = {m4.x, m4.y, m4.z, m4.w};
     float fs[4];
 #pragma unroll
@@ -88,7 +76,30 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
       const T gv = from_acc<T>(dz * model.scale);
       out.v[k] = reinterpret_cast<const unsigned short&>(gv);
     }
-    row[j / 8] = out;
+    return out;
+  };
+  // IN_FLIGHT eights per thread are loaded before any is written back: the stores go to the same
+  // row, so the compiler kept one load in flight otherwise (ncu, H100, 2026-11-26, N=8192: 2.22
+  // -> 2.13 ms for its 4.2 GB; a shorter way for the eights of rows without softcap did not
+  // change it: the pass is bound by the memory's mix of reads and writes, not instructions).
+  constexpr int IN_FLIGHT = 4;
+  const index_t eights = (cols + 7) / 8, stride = index_t(blockDim.x);
+  for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
+    Eight in[IN_FLIGHT];
+    float4 m4[IN_FLIGHT];
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      const index_t e = first_eight + u * stride;
+      if (e < eights) {
+        in[u] = row[e];
+        m4[u] = *reinterpret_cast<const float4*>(row_max + 4 * (8 * e / FusedBackwardPlan::TILE_N));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      const index_t e = first_eight + u * stride;
+      if (e < eights) row[e] = gradient(in[u], m4[u], 8 * e);
+    }
   }
 }
 
@@ -106,8 +117,8 @@ struct LseStepHopper {
     using T = bfloat16;
     const TileProblem<T, float>& prob = r.prob;
     const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
-    if (r.scratch == nullptr || R <= 0 || prob.cols.index != nullptr ||
-        D % 8 != 0 || reinterpret_cast<std::uintptr_t>(prob.rows.data) % 16 != 0 ||
+    if (r.scratch == nullptr || r.target_logit == nullptr || R <= 0 || prob.cols.index != nullptr || D % 8 != 0 ||
+        reinterpret_cast<std::uintptr_t>(prob.rows.data) % 16 != 0 ||
         reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
       return false;
     const StepPlan plan = StepPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
@@ -142,7 +153,7 @@ struct LseStepHopper {
 
       exponentials_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
           buf.logits, plan.ld_logits, buf.tile_max, plan.ld_tile_max(), f.row_max, f.row_sum, int(f.col_splits), rows,
-          first, row_index, V, chunk, prob.cols.data, D, r.target, r.coef, r.z_loss, prob.logit, r.lse);
+          first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss, prob.logit, r.lse);
       check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
