@@ -79,9 +79,9 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     return out;
   };
   // IN_FLIGHT eights per thread are loaded before any is written back: the stores go to the same
-  // row, so the compiler kept one load in flight otherwise (ncu, H100, 2026-11-26, N=8192: 2.22
-  // -> 2.13 ms for its 4.2 GB; a shorter way for the eights of rows without softcap did not
-  // change it: the pass is bound by the memory's mix of reads and writes, not instructions).
+  // row, so the compiler kept one load in flight otherwise (ncu, N=8192, two H100s of 2026-11-26:
+  // 2.22 ms before, 2.13 after, for its 4.2 GB; a shorter way for the eights of rows without
+  // softcap did not change it: the pass is bound by the memory's mix of reads and writes).
   constexpr int IN_FLIGHT = 4;
   const index_t eights = (cols + 7) / 8, stride = index_t(blockDim.x);
   for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
@@ -89,16 +89,16 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     float4 m4[IN_FLIGHT];
 #pragma unroll
     for (int u = 0; u < IN_FLIGHT; ++u) {
-      const index_t e = first_eight + u * stride;
-      if (e < eights) {
-        in[u] = row[e];
-        m4[u] = *reinterpret_cast<const float4*>(row_max + 4 * (8 * e / FusedBackwardPlan::TILE_N));
+      const index_t eight = first_eight + u * stride;
+      if (eight < eights) {
+        in[u] = row[eight];
+        m4[u] = *reinterpret_cast<const float4*>(row_max + 4 * (8 * eight / FusedBackwardPlan::TILE_N));
       }
     }
 #pragma unroll
     for (int u = 0; u < IN_FLIGHT; ++u) {
-      const index_t e = first_eight + u * stride;
-      if (e < eights) row[e] = gradient(in[u], m4[u], 8 * e);
+      const index_t eight = first_eight + u * stride;
+      if (eight < eights) row[eight] = gradient(in[u], m4[u], 8 * eight);
     }
   }
 }
