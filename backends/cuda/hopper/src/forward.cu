@@ -24,10 +24,10 @@ ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
   return s;
 }
 
-template <class Input, bool Columns, bool Logits = false, bool General = true>
+template <class Input, bool Columns, bool KeepExponentials = false, bool General = true>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = LseForwardEpilogue<Input, Columns, Logits, General>;
+  using Epilogue = LseForwardEpilogue<Input, Columns, KeepExponentials, General>;
   const ForwardShape s = plan_forward(a, sizeof(Input));
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -41,11 +41,11 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   kp.epilogue = {device_side(a.rows), device_side(a.cols), device_logit_model<Input>(a.logit, a.cols),
                  a.row_max,           a.row_sum,           a.col_max,
                  a.col_sum,           a.col_logit_sum,     CUtensorMap{},
-                 a.logit_tile_max,    4 * col_tiles};
-  if constexpr (Logits)
-    if (int error = StagedStore::describe("tlse_hop_lse_forward: logits", kp.epilogue.logits_map,
-                                          StagedStore::type_of<cutlass::half_t>(), a.logits, a.rows.count,
-                                          a.cols.count, a.ld_logits))
+                 a.exponentials_max,  4 * col_tiles};
+  if constexpr (KeepExponentials)
+    if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
+                                          StagedStore::type_of<cutlass::half_t>(), a.exponentials, a.rows.count,
+                                          a.cols.count, a.ld_exponentials))
       return error;
   return launch("tlse_hop_lse_forward", kp, stream);
 }
@@ -63,17 +63,19 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
   if (!a->row_max || !a->row_sum) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_max/row_sum is NULL");
   if ((a->col_max == nullptr) != (a->col_sum == nullptr))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": col_max and col_sum go together");
-  if (a->logits && (a->dtype != TLSE_HOP_BF16 || a->col_max || a->col_logit_sum))
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits are kept for bf16 inputs without column outputs only");
-  if (a->logits && a->rows.position)
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits are kept by row, rows.position must be NULL");
-  if (a->logits &&
-      (a->ld_logits < a->cols.count || a->ld_logits % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->logits) % 16 != 0))
+  if (a->exponentials && (a->dtype != TLSE_HOP_BF16 || a->col_max || a->col_logit_sum))
     return fail(TLSE_HOP_E_ARGUMENT,
-                std::string(call) + ": logits must be 16-byte aligned with ld_logits >= cols.count (" +
-                    std::to_string(a->cols.count) + ") and a multiple of 8, got " + std::to_string(a->ld_logits));
-  if (a->logits && !a->logit_tile_max)
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": logits are kept with their logit_tile_max, which is NULL");
+                std::string(call) + ": exponentials are kept for bf16 inputs without column outputs only");
+  if (a->exponentials && a->rows.position)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials are kept by row, rows.position must be NULL");
+  if (a->exponentials && (a->ld_exponentials < a->cols.count || a->ld_exponentials % 8 != 0 ||
+                          reinterpret_cast<std::uintptr_t>(a->exponentials) % 16 != 0))
+    return fail(TLSE_HOP_E_ARGUMENT,
+                std::string(call) + ": exponentials must be 16-byte aligned with ld_exponentials >= cols.count (" +
+                    std::to_string(a->cols.count) + ") and a multiple of 8, got " + std::to_string(a->ld_exponentials));
+  if (a->exponentials && !a->exponentials_max)
+    return fail(TLSE_HOP_E_ARGUMENT,
+                std::string(call) + ": exponentials are kept with their exponentials_max, which is NULL");
   if (a->max_col_splits < 1 || a->max_row_groups < 1)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits and max_row_groups must be >= 1");
   return TLSE_HOP_OK;
@@ -101,7 +103,7 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     const bool simple = device_logit_model<Input>(a->logit, a->cols).simple_cols == a->cols.count;
     const auto s = static_cast<cudaStream_t>(stream);
     if constexpr (std::is_same<Input, cutlass::bfloat16_t>::value)
-      if (a->logits)
+      if (a->exponentials)
         return simple ? run_forward<Input, false, true, false>(*a, s) : run_forward<Input, false, true>(*a, s);
     if (columns) return simple ? run_forward<Input, true, false, false>(*a, s) : run_forward<Input, true>(*a, s);
     return simple ? run_forward<Input, false, false, false>(*a, s) : run_forward<Input, false>(*a, s);

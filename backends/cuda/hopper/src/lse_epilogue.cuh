@@ -7,7 +7,7 @@
 // exponentials under it and the logit sum are merged into the column slot of the unit's row group,
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
 // the slot a tile merges into is read before the tile's products run. No atomics. On request
-// (Logits) the tiles' exponentials are stored too, for a training step that turns them into the
+// (KeepExponentials) the tiles' exponentials are stored too, for a training step that turns them into the
 // gradient without recomputing the tiles: each thread's max m over its part of a row of the tile,
 // and each 2^15 exp(x - m) in fp16 (through StagedStore), half the bytes of the logits as floats.
 #include "fragment_reductions.cuh"
@@ -21,16 +21,16 @@ struct LseForwardParams {
   DeviceLogitModel<T> logit;
   float *row_max, *row_sum;
   float *col_max, *col_sum, *col_logit_sum;
-  CUtensorMap logits_map;  // the kept exponentials (fp16, rows x cols), with Logits only
-  float* logit_tile_max;   // the max m of each row's tile and quad lane, with Logits only
-  int64_t logit_tile_max_ld;  // 4 x column tiles
+  CUtensorMap exponentials_map;  // the kept exponentials (fp16, rows x cols), with KeepExponentials only
+  float* exponentials_max;       // the max m of each row's tile and quad lane, with KeepExponentials only
+  int64_t exponentials_max_ld;   // 4 x column tiles
 };
 
 /// General: some tile may need the general logit model (bias, softcap, masks, column ids). Without
 /// it every column takes x = scale * dot (the host checked that the model is that simple for all
 /// of them), and the kernel has no general path: that path's register demand made ptxas spill
 /// about 1 KB per thread into the code every tile runs.
-template <class T, bool Columns, bool Logits = false, bool General = true>
+template <class T, bool Columns, bool KeepExponentials = false, bool General = true>
 struct LseForwardEpilogue {
   using Params = LseForwardParams<T>;
   struct NoStaging {};
@@ -38,7 +38,8 @@ struct LseForwardEpilogue {
     float max[Columns ? 8 : 1][TILE_N], sum[Columns ? 8 : 1][TILE_N], total[Columns ? 8 : 1][TILE_N];
     float tile_max[Columns ? TILE_N : 1];
     float range[CONSUMER_THREADS / 32][2];  // one_exponential's max and min of the tile, warp by warp
-    std::conditional_t<Logits, StagedStore::Storage, NoStaging> staged;  // the logits' boxes on their way out
+    // the kept exponentials' boxes on their way out
+    std::conditional_t<KeepExponentials, StagedStore::Storage, NoStaging> staged;
   };
   static constexpr int ROWS = Fragment::ROWS;
 
@@ -46,7 +47,7 @@ struct LseForwardEpilogue {
   SharedStorage& s;
   int ct;
   float run_max[ROWS], run_sum[ROWS];
-  float kept_max[ROWS];  // with Logits: the maxima the tile's kept exponentials are under
+  float kept_max[ROWS];  // with KeepExponentials: the maxima the tile's kept exponentials are under
   float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
 
   __device__ LseForwardEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
@@ -90,7 +91,7 @@ struct LseForwardEpilogue {
       else
         rows<true, true>(acc, c, row0, col0);  // the last column tile: past the columns is -inf
     }
-    if constexpr (Logits) keep_tile(acc, c, row0, m, n);
+    if constexpr (KeepExponentials) keep_tile(acc, c, row0, m, n);
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
@@ -102,7 +103,7 @@ struct LseForwardEpilogue {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const float mx = row_logits<Simple, Edge>(acc, c, r, row0, col0);
-      if constexpr (Logits)
+      if constexpr (KeepExponentials)
         keep_row(acc, r, mx);
       else
         fold_row(acc, r, mx);
@@ -132,13 +133,13 @@ struct LseForwardEpilogue {
   /// while the tile is live (ptxas spilled 200-300 bytes per thread otherwise).
   template <class Acc>
   __device__ __forceinline__ void keep_tile(const Acc& acc, const Fragment& c, int64_t row0, int m, int n) {
-    StagedStore::put_rows<cutlass::half_t>(s.staged, ct >> 5, ct & 31, p.logits_map, m, n, c, [&](int r, int j) {
+    StagedStore::put_rows<cutlass::half_t>(s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n, c, [&](int r, int j) {
       return kept_max[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j);
     });
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);
-      if (row < p.rows.count) p.logit_tile_max[row * p.logit_tile_max_ld + 4 * n + (ct & 3)] = kept_max[r];
+      if (row < p.rows.count) p.exponentials_max[row * p.exponentials_max_ld + 4 * n + (ct & 3)] = kept_max[r];
     }
   }
 

@@ -236,7 +236,7 @@ double half_value(uint16_t bits) {
 /// reference's, within the float accumulation bound of check_forward, and each stored e against
 /// 2^15 exp(x - m) at the reference x and the kernel's m: fp16's 2^-11 relative, the dot product's
 /// error on the exponent (expm1 of the bound), and 2^-24 absolute for fp16's subnormals. Nothing
-/// written past the rows (a sentinel row follows), past each row's last 16 bytes (ld_logits pads
+/// written past the rows (a sentinel row follows), past each row's last 16 bytes (ld_exponentials pads
 /// each row: TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the tile
 /// maxima.
 void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale) {
@@ -258,7 +258,7 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale) {
   CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
   auto a = sweep_args<tlse_hop_forward_args>(TLSE_HOP_BF16, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
-  a.logits = kept, a.ld_logits = ld, a.logit_tile_max = tile_max;
+  a.exponentials = kept, a.ld_exponentials = ld, a.exponentials_max = tile_max;
   a.max_col_splits = max_splits, a.max_row_groups = 1;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
@@ -696,13 +696,14 @@ void check_arguments() {
   a.col_max = part;
   refused(tlse_hop_lse_forward(&a, nullptr), "col_max and col_sum go together", "forward: col_max alone");
   a = forward();
-  a.logits = part, a.ld_logits = 302, a.logit_tile_max = part;
-  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 8, got 302", "forward: logits, ld_logits 302");
-  a.ld_logits = 304, a.logit_tile_max = nullptr;
-  refused(tlse_hop_lse_forward(&a, nullptr), "logit_tile_max, which is NULL", "forward: logits without tile maxima");
-  a.logit_tile_max = part;
+  a.exponentials = part, a.ld_exponentials = 302, a.exponentials_max = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 8, got 302", "forward: exponentials, ld_exponentials 302");
+  a.ld_exponentials = 304, a.exponentials_max = nullptr;
+  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_max, which is NULL",
+          "forward: exponentials without their maxima");
+  a.exponentials_max = part;
   a.rows.position = reinterpret_cast<const int32_t*>(data);
-  refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: logits by position");
+  refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: exponentials by position");
   a = forward();
   const int planned = tlse_hop_lse_forward_plan(&a);
   expect(planned == TLSE_HOP_OK && a.col_splits >= 1 && a.col_splits <= 4 && a.row_groups == 1,

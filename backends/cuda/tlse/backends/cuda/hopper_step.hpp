@@ -145,15 +145,15 @@ struct LseStepHopper {
       f.depth = D;
       f.logit = hopper_logit(prob.logit);
       f.row_max = f.row_sum = buf.partials;
-      f.logits = buf.logits, f.ld_logits = plan.ld_logits, f.logit_tile_max = buf.tile_max;
+      f.exponentials = buf.exponentials, f.ld_exponentials = plan.ld_exponentials, f.exponentials_max = buf.tile_max;
       f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
       check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
       f.row_sum = buf.partials + f.col_splits * rows;
-      check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (logits kept)");
+      check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (exponentials kept)");
 
       exponentials_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
-          buf.logits, plan.ld_logits, buf.tile_max, plan.ld_tile_max(), f.row_max, f.row_sum, int(f.col_splits), rows,
-          first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss, prob.logit, r.lse);
+          buf.exponentials, plan.ld_exponentials, buf.tile_max, plan.ld_tile_max(), f.row_max, f.row_sum,
+          int(f.col_splits), rows, first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss, prob.logit, r.lse);
       check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
@@ -193,7 +193,7 @@ struct LseStepHopper {
   static tlse_hop_product_args product(const StepPlan& plan, const StepPlan::Buffers& buf, int k_splits) {
     tlse_hop_product_args p{};
     p.dtype = TLSE_HOP_BF16;
-    p.a = buf.logits, p.lda = plan.ldg();
+    p.a = buf.exponentials, p.lda = plan.ldg();
     p.ldo = plan.depth;
     p.workspace = buf.k_partials;
     p.workspace_bytes = std::size_t(plan.k_partial_floats()) * sizeof(float);

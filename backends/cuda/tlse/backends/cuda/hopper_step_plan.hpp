@@ -26,19 +26,19 @@ struct StepPlan {
 
   std::int64_t rows = 0, cols = 0, depth = 0;
   std::int64_t chunk = 0;       // rows per chunk: every row, or a multiple of TILE_M
-  std::int64_t ld_logits = 0;   // fp16 values per row: cols rounded up to 8 (16-byte rows)
+  std::int64_t ld_exponentials = 0;          // fp16 values per row: cols rounded up to 8 (16-byte rows)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA = G B (K = cols) and dB (+)= G^T A (K = chunk)
   std::size_t bytes = 0;        // workspace of the plan
   bool fits = false;            // within the budget
 
   std::int64_t chunks() const { return chunk > 0 ? (rows + chunk - 1) / chunk : 0; }
   /// bf16 elements per G row: G overwrites the exponentials it comes from.
-  std::int64_t ldg() const { return ld_logits; }
+  std::int64_t ldg() const { return ld_exponentials; }
   /// Floats per row of tile maxima: one per column tile and quad lane (tlse_hopper.h).
   std::int64_t ld_tile_max() const { return 4 * ((cols + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N); }
 
   struct Buffers {
-    void* logits;       // chunk x ld_logits: the chunk's exponentials (fp16), then its G (bf16, ldg)
+    void* exponentials;  // chunk x ld_exponentials: the chunk's exponentials (fp16), then its G (bf16, ldg)
     float* tile_max;    // chunk x ld_tile_max: the maxima the exponentials are under
     float* partials;    // MAX_SWEEP_SPLITS x 2 x chunk: the forward's row LSE states
     char* chunk_rows;   // chunk x depth bf16: the chunk's rows gathered through the row index
@@ -47,7 +47,7 @@ struct StepPlan {
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
-    b.logits = c.take<std::uint16_t>(chunk * ld_logits);
+    b.exponentials = c.take<std::uint16_t>(chunk * ld_exponentials);
     b.tile_max = c.take<float>(chunk * ld_tile_max());
     b.partials = c.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * chunk);
     b.chunk_rows = c.take<char>(chunk * depth * FusedBackwardPlan::BF16_BYTES);
@@ -63,7 +63,7 @@ struct StepPlan {
   static StepPlan with_chunk(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t chunk, int sms) {
     StepPlan p;
     p.rows = rows, p.cols = cols, p.depth = depth, p.chunk = chunk;
-    p.ld_logits = (cols + 7) / 8 * 8;
+    p.ld_exponentials = (cols + 7) / 8 * 8;
     p.k_splits_rows = FusedBackwardPlan::product_k_splits(chunk, depth, cols, sms, FusedBackwardPlan::K_STEP);
     p.k_splits_cols = FusedBackwardPlan::product_k_splits(cols, depth, chunk, sms, FusedBackwardPlan::K_STEP);
     WorkspaceCarver sizing;
