@@ -71,18 +71,19 @@ typedef struct {
 } tlse_hop_logit_model;
 
 /* The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
- * row_max/row_sum[split y][rows positions] for the column splits (rows without a position unwritten),
- * col_max/col_sum/col_logit_sum [row group x][cols.count] for the row groups (each group owns its column slots).
+ * row_max/row_sum[split y][rows positions] for the column splits (rows without a position
+ * unwritten), col_max/col_sum/col_logit_sum[row group x][cols.count] for the row groups (each group
+ * owns its column slots).
  * exponentials (optional, bf16 inputs without column outputs): the training step keeps the tiles'
  * exponentials for its gradient instead of recomputing the tiles. Per row, column tile n
  * (TLSE_HOP_TILE_N columns) and q < 4, m = the largest logit of the row's columns j of the tile
  * with (j mod 8) / 2 == q (a consumer thread's part), at exponentials_max[row * 4 *
  * ceil(cols.count / TLSE_HOP_TILE_N) + 4 n + q] (-inf where every one is masked), and for each
- * logit x, 2^15 exp(x - m) in fp16 at exponentials[row * ld_exponentials + col] (row < rows.count, col <
- * cols.count; rows.position NULL): 2^15 puts exp(x - m) >= 2^-29 (x >= m - 20) in fp16's normal
- * range, 2^-11 relative. TMA stores them: ld_exponentials a multiple of 8, exponentials 16-byte aligned, and
- * a row's last 16-byte chunk is written whole (up to 7 values past cols.count, within ld_exponentials,
- * are not to be read). */
+ * logit x, 2^15 exp(x - m) in fp16 at exponentials[row * ld_exponentials + col] (row <
+ * rows.count, col < cols.count; rows.position NULL): 2^15 puts exp(x - m) >= 2^-29 (x >= m - 20)
+ * in fp16's normal range, 2^-11 relative. TMA stores them: ld_exponentials a multiple of 8,
+ * exponentials 16-byte aligned, and a row's last 16-byte chunk is written whole (up to 7 values
+ * past cols.count, within ld_exponentials, are not to be read). */
 typedef struct {
   int32_t dtype;
   tlse_hop_side rows, cols;
@@ -93,7 +94,7 @@ typedef struct {
   float* col_logit_sum;     /* NULL: no column logit sums */
   void* exponentials;       /* fp16; NULL: none kept */
   int64_t ld_exponentials;
-  float* exponentials_max; /* with exponentials */
+  float* exponentials_max;  /* with exponentials */
   int64_t max_col_splits, max_row_groups;
   int64_t col_splits, row_groups; /* out: what the call used */
 } tlse_hop_forward_args;

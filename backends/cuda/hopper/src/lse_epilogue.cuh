@@ -7,9 +7,10 @@
 // exponentials under it and the logit sum are merged into the column slot of the unit's row group,
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
 // the slot a tile merges into is read before the tile's products run. No atomics. On request
-// (KeepExponentials) the tiles' exponentials are stored too, for a training step that turns them into the
-// gradient without recomputing the tiles: each thread's max m over its part of a row of the tile,
-// and each 2^15 exp(x - m) in fp16 (through StagedStore), half the bytes of the logits as floats.
+// (KeepExponentials) the tiles' exponentials are stored too, for a training step that turns them
+// into the gradient without recomputing the tiles: each thread's max m over its part of a row of
+// the tile, and each 2^15 exp(x - m) in fp16 (through StagedStore), half the bytes of the logits
+// as floats.
 #include "fragment_reductions.cuh"
 #include "staged_store.cuh"
 

@@ -25,11 +25,11 @@ struct StepPlan {
   static constexpr int MAX_SWEEP_SPLITS = FusedBackwardPlan::MAX_SWEEP_SPLITS;
 
   std::int64_t rows = 0, cols = 0, depth = 0;
-  std::int64_t chunk = 0;       // rows per chunk: every row, or a multiple of TILE_M
+  std::int64_t chunk = 0;                    // rows per chunk: every row, or a multiple of TILE_M
   std::int64_t ld_exponentials = 0;          // fp16 values per row: cols rounded up to 8 (16-byte rows)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA = G B (K = cols) and dB (+)= G^T A (K = chunk)
-  std::size_t bytes = 0;        // workspace of the plan
-  bool fits = false;            // within the budget
+  std::size_t bytes = 0;                     // workspace of the plan
+  bool fits = false;                         // within the budget
 
   std::int64_t chunks() const { return chunk > 0 ? (rows + chunk - 1) / chunk : 0; }
   /// bf16 elements per G row: G overwrites the exponentials it comes from.
@@ -39,11 +39,11 @@ struct StepPlan {
 
   struct Buffers {
     void* exponentials;  // chunk x ld_exponentials: the chunk's exponentials (fp16), then its G (bf16, ldg)
-    float* tile_max;    // chunk x ld_tile_max: the maxima the exponentials are under
-    float* partials;    // MAX_SWEEP_SPLITS x 2 x chunk: the forward's row LSE states
-    char* chunk_rows;   // chunk x depth bf16: the chunk's rows gathered through the row index
-    float* acc;         // cols x depth: dB over the chunks (only with several chunks)
-    float* k_partials;  // the products' K-split partials
+    float* tile_max;     // chunk x ld_tile_max: the maxima the exponentials are under (exponentials_max)
+    float* partials;     // MAX_SWEEP_SPLITS x 2 x chunk: the forward's row LSE states
+    char* chunk_rows;    // chunk x depth bf16: the chunk's rows gathered through the row index
+    float* acc;          // cols x depth: dB over the chunks (only with several chunks)
+    float* k_partials;   // the products' K-split partials
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
