@@ -56,7 +56,7 @@ baselines() {  # baselines [ce|cl]
 }
 
 if [ $step = 1 ]; then
-  # The step in one call keeps the forward's exponentials (fp16) of a chunk of rows: every row
+  # The step in one call keeps the forward's exponentials (bf16) of a chunk of rows: every row
   # from about 2 GiB (8192 x 128256); the 16384-row case takes chunks through the fp32 dC
   # accumulator (2 GiB) at 3.5 GiB.
   run hopper cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --training-step --memory-budget 4096

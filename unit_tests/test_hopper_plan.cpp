@@ -190,8 +190,8 @@ TEST(HopperStepPlan, OneChunkWhenEveryRowFits) {
   EXPECT_EQ(p.chunk, 4096);
   EXPECT_EQ(p.chunks(), 1);
   EXPECT_LE(p.bytes, 3 * GiB);
-  EXPECT_EQ(p.ld_exponentials % 8, 0);    // 16-byte rows of fp16
-  EXPECT_EQ(p.ldg(), p.ld_exponentials);  // G (bf16) over the exponentials (fp16), in place
+  EXPECT_EQ(p.ld_exponentials % 8, 0);    // 16-byte rows of bf16
+  EXPECT_EQ(p.ldg(), p.ld_exponentials);  // G (bf16) over the exponentials (bf16), in place
 }
 
 TEST(HopperStepPlan, ChunksOfRowsWithinTheBudget) {

@@ -15,10 +15,12 @@
 // f32/f64 whose output rounding is within the first term). u_out * |ref| is the rounding of the
 // result; u_out * mag that of G = dL/dx to the input type before the gradient product, which the
 // CUDA tensor-core backward does (mma.sync multiplies 16-bit operands, as in CCE): a rigorous
-// bound, |sum_i e_i G_i B_i| <= u_out sum_i |G_i B_i|. With Precision::tf32, u is 2^-10. Results below the smallest normal number of the
+// bound, |sum_i e_i G_i B_i| <= u_out sum_i |G_i B_i|; 2 u_out * mag where each term rounds two
+// operands (the Hopper training step's dC takes the kept exponentials and the rows times G's
+// row factors, both in bf16). With Precision::tf32, u is 2^-10. Results below the smallest normal number of the
 // accumulator or output type may underflow to 0: an absolute floor of that size (fp16: 2^-24,
-// float/bf16: 2^-126, double: 2^-1022) is added to every gradient tolerance. The factors 4 and 8 cover the random-walk growth of
-// rounding errors with margin; they are not tuned to make tests pass.
+// float/bf16: 2^-126, double: 2^-1022) is added to every gradient tolerance. The factors 4 and 8 cover the random-walk
+// growth of rounding errors with margin; they are not tuned to make tests pass.
 #include <tlse/testing/reference.hpp>
 #include <tlse/tlse.hpp>
 
@@ -173,10 +175,11 @@ struct Tolerance {
   /// lse_error: a bound on the error of the LSEs the probabilities are normalized by (tol.lse of
   /// the largest). p = exp(x - lse) carries it as a relative error into every one of the n terms,
   /// so into the sum as lse_error * mag. The sqrt(n) term covers it only when the LSE sums about n
-  /// terms too; cross-entropy's dC sums N rows of softmaxes over V >> N classes.
-  double grad(double ref, double mag, std::int64_t n, double lse_error = 0) const {
-    return (4 * delta + 8 * (u + U_REF) * std::sqrt(double(n) + 1) + u_out + lse_error) * mag + u_out * std::fabs(ref) +
-           floor;
+  /// terms too; cross-entropy's dC sums N rows of softmaxes over V >> N classes. roundings: of
+  /// the 16-bit operands in each term of the product (2: G's two factors rounded apart).
+  double grad(double ref, double mag, std::int64_t n, double lse_error = 0, int roundings = 1) const {
+    return (4 * delta + 8 * (u + U_REF) * std::sqrt(double(n) + 1) + roundings * u_out + lse_error) * mag +
+           u_out * std::fabs(ref) + floor;
   }
 };
 

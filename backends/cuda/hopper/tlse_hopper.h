@@ -75,13 +75,18 @@ typedef struct {
  * unwritten), col_max/col_sum/col_logit_sum[row group x][cols.count] for the row groups (each group
  * owns its column slots).
  * exponentials (optional, bf16 inputs without column outputs): the training step keeps the tiles'
- * exponentials for its gradient instead of recomputing the tiles. Per row, column tile n
- * (TLSE_HOP_TILE_N columns) and q < 4, m = the largest logit of the row's columns j of the tile
- * with (j mod 8) / 2 == q (a consumer thread's part), at exponentials_max[row * 4 *
- * ceil(cols.count / TLSE_HOP_TILE_N) + 4 n + q] (-inf where every one is masked), and for each
- * logit x, 2^15 exp(x - m) in fp16 at exponentials[row * ld_exponentials + col] (row <
- * rows.count, col < cols.count; rows.position NULL): 2^15 puts exp(x - m) >= 2^-29 (x >= m - 20)
- * in fp16's normal range, 2^-11 relative. TMA stores them: ld_exponentials a multiple of 8,
+ * exponentials for its gradient instead of recomputing the tiles. A part of a row is its columns j
+ * of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a consumer thread's), m
+ * the largest of its logits. Each part is under a shift s: the row's r =
+ * exponentials_row_shift[row] when m <= r + TLSE_HOP_ROW_SHIFT_SPAN (NULL or r = +inf: none), else
+ * m itself; s goes to exponentials_shift[row * 4 * ceil(cols.count / TLSE_HOP_TILE_N) + 4 n + q]
+ * (-inf where every logit of the part is masked), and each logit x to exp(x - s) in bf16 at
+ * exponentials[row * ld_exponentials + col] (row < rows.count, col < cols.count; rows.position
+ * NULL): at most e^SPAN, in bf16's normal range down to s - 87 (2^-8 relative; below, 0). r
+ * should be a logit of the row (the training step's target logit): what lies 87 below it is
+ * lost to the row's exponentials and its LSE state. Where every part of a row is under r, the
+ * row's softmax is exp(r - lse) times its exponentials, and the products can take them as they are
+ * (row_scale) instead of a pass over them. TMA stores them: ld_exponentials a multiple of 8,
  * exponentials 16-byte aligned, and a row's last 16-byte chunk is written whole (up to 7 values
  * past cols.count, within ld_exponentials, are not to be read). */
 typedef struct {
@@ -92,9 +97,10 @@ typedef struct {
   float *row_max, *row_sum;
   float *col_max, *col_sum; /* NULL: no column LSE */
   float* col_logit_sum;     /* NULL: no column logit sums */
-  void* exponentials;       /* fp16; NULL: none kept */
+  void* exponentials;       /* bf16; NULL: none kept */
   int64_t ld_exponentials;
-  float* exponentials_max;  /* with exponentials */
+  float* exponentials_shift;           /* with exponentials */
+  const float* exponentials_row_shift; /* with exponentials, or NULL */
   int64_t max_col_splits, max_row_groups;
   int64_t col_splits, row_groups; /* out: what the call used */
 } tlse_hop_forward_args;
@@ -140,6 +146,7 @@ typedef struct {
  * mask (a gradient panel's tile_mask, mask_ld columns), K steps of a G tile the panel filtered are
  * skipped: G is operand A, as stored (mask_of_a_transposed = 0: mask[m / 128][k / 256]) or
  * transposed (1: mask[k / 128][m / 256]).
+ * With row_scale, acc of row m is row_scale[m] * acc (0 where row_scale[m] == 0, whatever acc).
  * Output, one of:
  *   out_f32 (ldo): out_f32[m * ldo + n] = (accumulate ? out_f32[..] : 0) + acc;
  *   out (ldo, the input type): row out_index[m] (or m): out[row * ldo + n] = T((accumulate ? out : 0) + acc).
@@ -157,6 +164,7 @@ typedef struct {
   const uint8_t* mask;
   int64_t mask_ld;
   int32_t mask_of_a_transposed;
+  const float* row_scale; /* M factors, or NULL */
   float* out_f32;
   void* out;
   const int32_t* out_index;
@@ -187,6 +195,8 @@ TLSE_HOP_API const char* tlse_hop_error_string(void);
 
 /* Tile shapes, for the caller's workspace plans: the gradient panel's tiles and the products' K step. */
 enum { TLSE_HOP_TILE_M = 128, TLSE_HOP_TILE_N = 256 };
+/* How far above its row's shift a part of the kept exponentials may reach (tlse_hop_forward_args). */
+enum { TLSE_HOP_ROW_SHIFT_SPAN = 64 };
 
 #ifdef __cplusplus
 }

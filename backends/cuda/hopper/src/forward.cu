@@ -39,12 +39,11 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   kp.schedule =
       TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
   kp.epilogue = {device_side(a.rows), device_side(a.cols), device_logit_model<Input>(a.logit, a.cols),
-                 a.row_max,           a.row_sum,           a.col_max,
-                 a.col_sum,           a.col_logit_sum,     CUtensorMap{},
-                 a.exponentials_max,  4 * col_tiles};
+                 a.row_max, a.row_sum, a.col_max, a.col_sum, a.col_logit_sum, CUtensorMap{}, a.exponentials_shift,
+                 4 * col_tiles, a.exponentials_row_shift};
   if constexpr (KeepExponentials)
     if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
-                                          StagedStore::type_of<cutlass::half_t>(), a.exponentials, a.rows.count,
+                                          StagedStore::type_of<cutlass::bfloat16_t>(), a.exponentials, a.rows.count,
                                           a.cols.count, a.ld_exponentials))
       return error;
   return launch("tlse_hop_lse_forward", kp, stream);
@@ -73,9 +72,9 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
     return fail(TLSE_HOP_E_ARGUMENT,
                 std::string(call) + ": exponentials must be 16-byte aligned with ld_exponentials >= cols.count (" +
                     std::to_string(a->cols.count) + ") and a multiple of 8, got " + std::to_string(a->ld_exponentials));
-  if (a->exponentials && !a->exponentials_max)
+  if (a->exponentials && !a->exponentials_shift)
     return fail(TLSE_HOP_E_ARGUMENT,
-                std::string(call) + ": exponentials are kept with their exponentials_max, which is NULL");
+                std::string(call) + ": exponentials are kept with their exponentials_shift, which is NULL");
   if (a->max_col_splits < 1 || a->max_row_groups < 1)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits and max_row_groups must be >= 1");
   return TLSE_HOP_OK;

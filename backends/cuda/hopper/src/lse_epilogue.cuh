@@ -8,9 +8,9 @@
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
 // the slot a tile merges into is read before the tile's products run. No atomics. On request
 // (KeepExponentials) the tiles' exponentials are stored too, for a training step that turns them
-// into the gradient without recomputing the tiles: each thread's max m over its part of a row of
-// the tile, and each 2^15 exp(x - m) in fp16 (through StagedStore), half the bytes of the logits
-// as floats.
+// into the gradient without recomputing the tiles: each as exp(x - s) in bf16 (through
+// StagedStore, half the bytes of the logits as floats), s the row's shift where the thread's part
+// of the row lies within TLSE_HOP_ROW_SHIFT_SPAN above it, else the part's own max.
 #include "fragment_reductions.cuh"
 #include "staged_store.cuh"
 
@@ -22,9 +22,10 @@ struct LseForwardParams {
   DeviceLogitModel<T> logit;
   float *row_max, *row_sum;
   float *col_max, *col_sum, *col_logit_sum;
-  CUtensorMap exponentials_map;  // the kept exponentials (fp16, rows x cols), with KeepExponentials only
-  float* exponentials_max;       // the max m of each row's tile and quad lane, with KeepExponentials only
-  int64_t exponentials_max_ld;   // 4 x column tiles
+  CUtensorMap exponentials_map;         // the kept exponentials (bf16, rows x cols), with KeepExponentials only
+  float* exponentials_shift;            // the shift of each row's tile and quad lane, with KeepExponentials only
+  int64_t exponentials_shift_ld;        // 4 x column tiles
+  const float* exponentials_row_shift;  // by row, or nullptr (every part under its own max)
 };
 
 /// General: some tile may need the general logit model (bias, softcap, masks, column ids). Without
@@ -39,6 +40,7 @@ struct LseForwardEpilogue {
     float max[Columns ? 8 : 1][TILE_N], sum[Columns ? 8 : 1][TILE_N], total[Columns ? 8 : 1][TILE_N];
     float tile_max[Columns ? TILE_N : 1];
     float range[CONSUMER_THREADS / 32][2];  // one_exponential's max and min of the tile, warp by warp
+    float row_shift[KeepExponentials ? TILE_M : 1];  // the row tile's shifts (-inf: none)
     // the kept exponentials' boxes on their way out
     std::conditional_t<KeepExponentials, StagedStore::Storage, NoStaging> staged;
   };
@@ -48,7 +50,7 @@ struct LseForwardEpilogue {
   SharedStorage& s;
   int ct;
   float run_max[ROWS], run_sum[ROWS];
-  float kept_max[ROWS];  // with KeepExponentials: the maxima the tile's kept exponentials are under
+  float kept_shift[ROWS];  // with KeepExponentials: the shifts the tile's kept exponentials are under
   float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
 
   __device__ LseForwardEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
@@ -69,9 +71,21 @@ struct LseForwardEpilogue {
     }
   }
 
-  __device__ void begin_row(const Fragment&, const WorkUnit&, int) {
+  /// With KeepExponentials, the row tile's shifts go to shared memory (kept in registers through
+  /// the products, they made ptxas spill 12 bytes per thread; this way 8, where nothing spilled
+  /// before the shifts): each of the quad lanes that hold a row writes its shift, and reads it there.
+  __device__ void begin_row(const Fragment& c, const WorkUnit&, int m) {
+    if constexpr (KeepExponentials) __syncwarp();  // the quad is done with the previous row tile's
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) run_max[r] = NEG_INF, run_sum[r] = 0.f;
+    for (int r = 0; r < ROWS; ++r) {
+      run_max[r] = NEG_INF, run_sum[r] = 0.f;
+      if constexpr (KeepExponentials) {
+        const int64_t row = int64_t(m) * TILE_M + c.row(r);
+        const float shift = p.exponentials_row_shift && row < p.rows.count ? p.exponentials_row_shift[row] : NEG_INF;
+        s.row_shift[c.row(r)] = shift < -NEG_INF ? shift : NEG_INF;  // +inf would make every exponential 0
+      }
+    }
+    if constexpr (KeepExponentials) __syncwarp();
   }
 
   template <class Acc>
@@ -105,20 +119,24 @@ struct LseForwardEpilogue {
     for (int r = 0; r < ROWS; ++r) {
       const float mx = row_logits<Simple, Edge>(acc, c, r, row0, col0);
       if constexpr (KeepExponentials)
-        keep_row(acc, r, mx);
+        keep_row(acc, c, r, mx);
       else
         fold_row(acc, r, mx);
     }
   }
 
-  /// fold_row for a tile whose exponentials are kept: under the thread's max m of its part of
-  /// row r, each entry becomes e = 2^15 exp(x - m) in acc (a part all -inf is left as it is,
-  /// kept_max -inf, and stored as 0), and the state takes (m, sum e 2^-15).
+  /// fold_row for a tile whose exponentials are kept: under the shift s (the row's, where the
+  /// thread's part of row r, max mx, lies within the span above it; else mx), each entry becomes
+  /// e = exp(x - s) <= e^SPAN in acc (a part all -inf is left as it is, kept_shift -inf, and
+  /// stored as 0), and the state takes (s, sum e): below s it may lose what is below e^-87 of s,
+  /// nothing against the row's LSE, which is at least the row's shift (a logit of the row).
   template <class Acc>
-  __device__ __forceinline__ void keep_row(Acc& acc, int r, float mx) {
-    kept_max[r] = mx;
+  __device__ __forceinline__ void keep_row(Acc& acc, const Fragment& c, int r, float mx) {
+    const float row_shift = s.row_shift[c.row(r)];
+    const float shift = mx <= row_shift + float(TLSE_HOP_ROW_SHIFT_SPAN) ? row_shift : mx;
+    kept_shift[r] = mx == NEG_INF ? NEG_INF : shift;
     if (mx == NEG_INF) return;
-    const float shift2 = fmaf(mx, LOG2E, -15.f);
+    const float shift2 = shift * LOG2E;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < Fragment::COLS; ++j) {
@@ -126,21 +144,21 @@ struct LseForwardEpilogue {
       x = exp_of_dot(x, LOG2E, shift2);
       sum += x;
     }
-    lse_merge(run_max[r], run_sum[r], mx, sum * 0x1p-15f);
+    lse_merge(run_max[r], run_sum[r], shift, sum);
   }
 
-  /// The tile's kept exponentials (fp16, through TMA), then the maxima they are under: one per
+  /// The tile's kept exponentials (bf16, through TMA), then the shifts they are under: one per
   /// row, tile and quad lane, written after the stores so that their addresses take no registers
   /// while the tile is live (ptxas spilled 200-300 bytes per thread otherwise).
   template <class Acc>
   __device__ __forceinline__ void keep_tile(const Acc& acc, const Fragment& c, int64_t row0, int m, int n) {
-    StagedStore::put_rows<cutlass::half_t>(s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n, c, [&](int r, int j) {
-      return kept_max[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j);
-    });
+    StagedStore::put_rows<cutlass::bfloat16_t>(
+        s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n, c,
+        [&](int r, int j) { return kept_shift[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j); });
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);
-      if (row < p.rows.count) p.exponentials_max[row * p.exponentials_max_ld + 4 * n + (ct & 3)] = kept_max[r];
+      if (row < p.rows.count) p.exponentials_shift[row * p.exponentials_shift_ld + 4 * n + (ct & 3)] = kept_shift[r];
     }
   }
 

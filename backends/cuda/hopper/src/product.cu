@@ -45,6 +45,7 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   ProductParams<Input> e;
   e.M = a.M, e.N = a.N;
   e.mask = a.mask, e.mask_ld = a.mask_ld, e.mask_of_a_transposed = a.mask_of_a_transposed != 0;
+  e.row_scale = a.row_scale;
   e.k_step = Config::BK;
   e.out_f32 = a.out_f32, e.out = static_cast<Input*>(a.out), e.out_index = a.out_index, e.ldo = a.ldo;
   e.accumulate = a.accumulate != 0;

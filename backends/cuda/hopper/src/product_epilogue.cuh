@@ -3,7 +3,8 @@
 // (+= across column panels), to the gradient rows in the input type (through an index, += with
 // accumulate), or, when K is split, to that split's fp32 partial for split_reduce_kernel. The K
 // steps of G tiles that gradient filtering removed are skipped (keep), in the mainloop's producer
-// and consumers alike.
+// and consumers alike. A row scale multiplies each row of the tile first (the training step's
+// dA = diag(c) E B, E its kept exponentials).
 #include "kernel.cuh"
 #include "logit_model.cuh"
 #include "staged_store.cuh"
@@ -16,7 +17,8 @@ struct ProductParams {
   const uint8_t* mask;
   int64_t mask_ld;
   bool mask_of_a_transposed;
-  int k_step;  // elements of K per mainloop step
+  const float* row_scale;  // by row of A x B, or nullptr
+  int k_step;              // elements of K per mainloop step
   float* out_f32;
   T* out;
   const int32_t* out_index;
@@ -74,6 +76,7 @@ struct ProductEpilogue {
   SharedStorage& s;
 
   int ct;
+  float row_factor[Fragment::ROWS];  // with a row scale: the factors of the thread's rows of the tile
 
   __device__ ProductEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
       : p(params), s(storage), ct(consumer_thread) {}
@@ -86,7 +89,15 @@ struct ProductEpilogue {
                                   : p.mask[(m0 / TILE_M) * p.mask_ld + k0 / TILE_N] != 0;
   }
 
-  __device__ void begin_row(const Fragment&, const WorkUnit&, int) {}
+  /// The row scale's factors of the thread's rows of row tile m, loaded before its products.
+  __device__ void begin_row(const Fragment& c, const WorkUnit&, int m) {
+    if (!p.row_scale) return;
+#pragma unroll
+    for (int r = 0; r < Fragment::ROWS; ++r) {
+      const int64_t row = int64_t(m) * TILE_M + c.row(r);
+      row_factor[r] = row < p.M ? p.row_scale[row] : 0.f;
+    }
+  }
   /// Before tile (m, n)'s products: the output tile a bf16 accumulating epilogue will read is
   /// brought into L2 (two consumer threads per row, 128-byte lines), so that its reads after the
   /// products wait on L2 rather than on HBM, where every CTA's epilogue lands at once.
@@ -111,6 +122,14 @@ struct ProductEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t m0 = int64_t(m) * TILE_M, n0 = int64_t(n) * TILE_N;
+    if (p.row_scale)
+#pragma unroll
+      for (int r = 0; r < Fragment::ROWS; ++r)
+#pragma unroll
+        for (int j = 0; j < Fragment::COLS; ++j) {
+          float& v = Fragment::at(acc, r, j);
+          v = row_factor[r] == 0.f ? 0.f : v * row_factor[r];  // 0, not 0 x an infinite sum
+        }
     if constexpr (STAGED) {
       // Each warp stages its 16 rows in shared memory and one lane stores them with TMA, which
       // clips what lies past the output (a split's partial: layer k_unit of the map). From the

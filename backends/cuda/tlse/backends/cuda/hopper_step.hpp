@@ -3,103 +3,164 @@
 // and gradients in 3 products instead of the 4 of a forward and the fused backward. Per chunk of
 // rows, in order:
 //   1. tlse_hop_lse_forward sweeps the chunk against every column, gives the row LSE states and
-//      keeps the exponentials (fp16 2^15 exp(x - m) by row, m a max per row and part of a tile);
-//   2. exponentials_to_gradient_kernel merges each row's states into its LSE and turns the row's
-//      exponentials into G = scale * dL/dx (bf16) in place;
-//   3. dA_chunk = G B (tlse_hop_product): complete, written to the chunk's gradient rows;
-//   4. dB (+)= G^T A_chunk: written, or summed over the chunks in an fp32 accumulator.
+//      keeps the exponentials (bf16 exp(x - s) by row, s the row's target logit where the row's
+//      logits lie within 64 above it, else a max per row and part of a tile);
+//   2. exponentials_to_gradient_kernel merges each row's states into its LSE. Without a softcap,
+//      G = scale * dL/dx is diag(c) E' with E' the exponentials but for the target's entry: the
+//      kernel writes that entry, c, and the chunk's rows times c (A'), and touches the other
+//      exponentials only in a row with a part under its own max. With a softcap it turns the
+//      exponentials into G (bf16) in place;
+//   3. dA_chunk = G B = diag(c) (E' B) (tlse_hop_product, c its row scale): complete, written to
+//      the chunk's gradient rows;
+//   4. dB (+)= G^T A_chunk = E'^T A': written, or summed over the chunks in an fp32 accumulator.
 // Fixed order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every
 // entry of G is computed anyway) and the columns in their stored order.
 #if defined(TLSE_HAVE_HOPPER)
-#include <cuda_fp16.h>
-
 #include <tlse/backends/cuda/hopper_backward.hpp>
 #include <tlse/backends/cuda/hopper_step_plan.hpp>
 #include <tlse/impl/step_request.hpp>
 
 namespace tlse::impl::cuda {
 
-/// A block per row p of the chunk (row id `id[first + p]`, or first + p): its LSE l from the
-/// forward's `splits` states (max[s][p], sum[s][p]) to lse[id], then its exponentials e = 2^15
-/// exp(x - m) (fp16; m = tile_max[p][4 tile + (j mod 8) / 2], tlse_hopper.h) in place into
-/// G = scale * (g e 2^-15 exp(m - l) - [j == target] w) * dx/dz, g = coef (1 + 2 z lse), w = coef,
-/// in T (scale and dx/dz from the logit model the forward used). The target's own term takes its
-/// logit from target_logit[first + p] (the loss's, by position): e does not tell a masked target
-/// (no term) from one far below the tile's max, nor give dx/dz where e underflows. Other entries
-/// take dx/dz at m + log(e 2^-15) under a softcap (e = 0: no term); without one it is 1.
+/// The bf16 value of 16 bits.
+__device__ inline float bf16_bits_to_float(unsigned short bits) { return __uint_as_float(unsigned(bits) << 16); }
 template <class T>
-__global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const float* tile_max, index_t ld_tile_max,
+__device__ inline unsigned short bits_of(float v) {
+  const T b = from_acc<T>(v);
+  return reinterpret_cast<const unsigned short&>(b);
+}
+
+/// A block per row p of the chunk (row id `id[first + p]`, or first + p), after the forward kept
+/// its exponentials e = exp(x - s) (bf16; s = shift[p][4 tile + (j mod 8) / 2], tlse_hopper.h) under
+/// the row's shift r = target_logit[first + p] where it could. Merges the forward's `splits`
+/// states (max[k][p], sum[k][p]) into the row's LSE l (lse[id]), then, with g = coef (1 + 2 z l),
+/// w = coef, and dL/dz = g exp(x - l) - [j == t] w:
+///   - Factored (no softcap, dx/dz = 1): G = diag(c) E', so that the products need no pass over
+///     the exponentials: c = scale g exp(r - l) goes to row_scale[p], the target's entry becomes
+///     e'_t = (g p_t - w) / (g exp(r - l)), and the row's input row times c to scaled_rows[p] (bf16;
+///     dB = G^T A = E'^T (diag(c) A)). A row with a part under its own max (its largest logit
+///     more than the span above r: a loss above ~64 nats, or a masked target) is first rescaled
+///     to r = l in place, the cost of the pass for that row alone;
+///   - otherwise (a softcap): G = scale dL/dz dx/dz in place, dx/dz at s + log(e).
+/// The target's term takes its logit from target_logit (the loss's): e does not tell a masked
+/// target (no term) from one far below the row's shift, nor give dx/dz where e underflows.
+template <class T, bool Factored>
+__global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const float* shift, index_t ld_shift,
                                                 const float* max, const float* sum, int splits, index_t chunk_rows,
                                                 index_t first, const int* id_of, index_t cols, const int* target,
                                                 const float* target_logit, const float* coef, float z_loss,
-                                                const LogitModel<T, float> model, float* lse) {
-  static_assert(sizeof(T) == 2, "G is stored in a 16-bit type");
+                                                const LogitModel<T, float> model, float* lse, float* row_scale,
+                                                const T* rows, T* scaled_rows, index_t depth) {
+  static_assert(std::is_same<T, bfloat16>::value, "the step keeps its exponentials and G in bf16");
   const index_t p = blockIdx.x;
   const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
   const index_t t = index_t(target[id]);
-  __shared__ float row_lse;
-  if (threadIdx.x == 0) {
+  __shared__ float row_lse, row_max;
+  if (threadIdx.x < 32) {  // the first warp merges the states, a split per lane, then in a fixed tree
     LseState<float> s;
-    for (int k = 0; k < splits; ++k) s.merge(max[k * chunk_rows + p], sum[k * chunk_rows + p]);
-    row_lse = s.value();
-    lse[id] = row_lse;
+    for (int k = int(threadIdx.x); k < splits; k += 32) s.merge(max[k * chunk_rows + p], sum[k * chunk_rows + p]);
+    for (int lanes = 16; lanes > 0; lanes >>= 1)
+      s.merge(__shfl_xor_sync(0xffffffffu, s.max, lanes), __shfl_xor_sync(0xffffffffu, s.sum, lanes));
+    if (threadIdx.x == 0) {
+      row_lse = s.value(), row_max = s.max;
+      lse[id] = row_lse;
+    }
   }
   __syncthreads();
   const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
   const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
-  const bool softcap = model.softcap > 0.f;
-  const float target_dx_dz = model.dx_dz(x_t);
   struct alignas(16) Eight {
     unsigned short v[8];
   };
-  const float* row_max = tile_max + p * ld_tile_max;
+  const float* row_shift = shift + p * ld_shift;
   Eight* row = reinterpret_cast<Eight*>(static_cast<unsigned short*>(exps) + p * ld);  // ld is a multiple of 8
-  // G of the eight columns from j: its maxima m4, a pair each (a tile's columns hold whole eights),
-  // per pair f = g 2^-15 exp(m - l), 0 where m = -inf (e = 0 there; no NaN from l = -inf).
-  const auto gradient = [&](const Eight& in, const float4& m4, index_t j) {
-    const float ms[4] = {m4.x, m4.y, m4.z, m4.w};
-    float fs[4];
+  // Each eight of the row in place through f(its values, the shifts of its four pairs, its first
+  // column): IN_FLIGHT eights per thread are loaded before any is written back, since the stores
+  // go to the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s
+  // of 2026-11-26: 2.22 ms before, 2.13 after, for its 4.2 GB; a shorter way for the eights of
+  // rows without softcap did not change it: the pass is bound by the memory's mix of reads and
+  // writes).
+  const auto each_eight = [&](auto&& f) {
+    constexpr int IN_FLIGHT = 4;
+    const index_t eights = (cols + 7) / 8, stride = index_t(blockDim.x);
+    for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
+      Eight in[IN_FLIGHT];
+      float4 s4[IN_FLIGHT];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) fs[q] = ms[q] == -infinity<float>() ? 0.f : g * 0x1p-15f * expf(ms[q] - l);
-    Eight out;
+      for (int u = 0; u < IN_FLIGHT; ++u) {
+        const index_t eight = first_eight + u * stride;
+        if (eight < eights) {
+          in[u] = row[eight];
+          s4[u] = *reinterpret_cast<const float4*>(row_shift + 4 * (8 * eight / FusedBackwardPlan::TILE_N));
+        }
+      }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float m = ms[k / 2], f = fs[k / 2];
-      const float e = __half2float(__ushort_as_half(in.v[k]));
-      float dz;
-      if (j + k == t)
-        dz = x_t == -infinity<float>() ? 0.f : (e * f - w) * target_dx_dz;
-      else if (j + k >= cols || e == 0.f)
-        dz = 0.f;
-      else
-        dz = e * f * (softcap ? model.dx_dz(m + logf(e * 0x1p-15f)) : 1.f);
-      const T gv = from_acc<T>(dz * model.scale);
-      out.v[k] = reinterpret_cast<const unsigned short&>(gv);
-    }
-    return out;
-  };
-  // IN_FLIGHT eights per thread are loaded before any is written back: the stores go to the same
-  // row, so the compiler kept one load in flight otherwise (ncu, N=8192, two H100s of 2026-11-26:
-  // 2.22 ms before, 2.13 after, for its 4.2 GB; a shorter way for the eights of rows without
-  // softcap did not change it: the pass is bound by the memory's mix of reads and writes).
-  constexpr int IN_FLIGHT = 4;
-  const index_t eights = (cols + 7) / 8, stride = index_t(blockDim.x);
-  for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
-    Eight in[IN_FLIGHT];
-    float4 m4[IN_FLIGHT];
-#pragma unroll
-    for (int u = 0; u < IN_FLIGHT; ++u) {
-      const index_t eight = first_eight + u * stride;
-      if (eight < eights) {
-        in[u] = row[eight];
-        m4[u] = *reinterpret_cast<const float4*>(row_max + 4 * (8 * eight / FusedBackwardPlan::TILE_N));
+      for (int u = 0; u < IN_FLIGHT; ++u) {
+        const index_t eight = first_eight + u * stride;
+        if (eight >= eights) continue;
+        row[eight] = f(in[u], s4[u], 8 * eight);
       }
     }
+  };
+  if constexpr (Factored) {
+    // The shift every part of the row is under, as the forward chose it (begin_row, keep_row).
+    const float r0 = target_logit[first + p] < infinity<float>() ? target_logit[first + p] : -infinity<float>();
+    const bool own_max = row_max > r0 + float(TLSE_HOP_ROW_SHIFT_SPAN);
+    const float r = own_max ? l : r0;
+    if (own_max)
+      each_eight([&](const Eight& in, const float4& s4, index_t) {
+        const float ss[4] = {s4.x, s4.y, s4.z, s4.w};
+        Eight out;
 #pragma unroll
-    for (int u = 0; u < IN_FLIGHT; ++u) {
-      const index_t eight = first_eight + u * stride;
-      if (eight < eights) row[eight] = gradient(in[u], m4[u], 8 * eight);
+        for (int k = 0; k < 8; ++k) {
+          const float f = ss[k / 2] == -infinity<float>() ? 0.f : expf(ss[k / 2] - l);
+          out.v[k] = bits_of<T>(bf16_bits_to_float(in.v[k]) * f);
+        }
+        return out;
+      });
+    const float a = l == -infinity<float>() ? 0.f : expf(r - l);  // the row's exponentials to probabilities
+    const float c = g == 0.f || a == 0.f ? 0.f : model.scale * g * a;
+    __syncthreads();  // the rescaled row is in place before the target's entry is
+    if (threadIdx.x == 0) {
+      row_scale[p] = c;
+      if (c != 0.f && x_t != -infinity<float>())
+        reinterpret_cast<unsigned short*>(row)[t] = bits_of<T>((g * expm1f(x_t - l) + (g - w)) / (g * a));
     }
+    if (scaled_rows) {  // 16 bytes at a time (depth is a multiple of 8, the rows 16-byte aligned)
+      const Eight* in = reinterpret_cast<const Eight*>(rows + p * depth);
+      Eight* out = reinterpret_cast<Eight*>(scaled_rows + p * depth);
+      for (index_t k = threadIdx.x; k < depth / 8; k += blockDim.x) {
+        const Eight v = in[k];
+        Eight scaled;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) scaled.v[i] = bits_of<T>(c * bf16_bits_to_float(v.v[i]));
+        out[k] = scaled;
+      }
+    }
+  } else {
+    const float target_dx_dz = model.dx_dz(x_t);
+    const bool softcap = model.softcap > 0.f;
+    each_eight([&](const Eight& in, const float4& s4, index_t j) {
+      // per pair f = g exp(s - l), 0 where s = -inf (e = 0 there; no NaN from l = -inf)
+      const float ss[4] = {s4.x, s4.y, s4.z, s4.w};
+      float fs[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) fs[q] = ss[q] == -infinity<float>() ? 0.f : g * expf(ss[q] - l);
+      Eight out;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float e = bf16_bits_to_float(in.v[k]), f = fs[k / 2];
+        float dz;
+        if (j + k == t)
+          dz = x_t == -infinity<float>() ? 0.f : (e * f - w) * target_dx_dz;
+        else if (j + k >= cols || e == 0.f)
+          dz = 0.f;
+        else
+          dz = e * f * (softcap ? model.dx_dz(ss[k / 2] + logf(e)) : 1.f);
+        out.v[k] = bits_of<T>(dz * model.scale);
+      }
+      return out;
+    });
   }
 }
 
@@ -126,6 +187,8 @@ struct LseStepHopper {
     WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
     const StepPlan::Buffers buf = plan.carve(carver);
     const bool several = plan.chunks() > 1;
+    // Without a softcap dL/dz is the exponential's multiple: G = diag(c) E' (the kernel's comment).
+    const bool factored = !(prob.logit.softcap > 0.f);
     const int* row_index = prob.rows.index;
 
     for (index_t first = 0; first < R; first += plan.chunk) {
@@ -145,19 +208,25 @@ struct LseStepHopper {
       f.depth = D;
       f.logit = hopper_logit(prob.logit);
       f.row_max = f.row_sum = buf.partials;
-      f.exponentials = buf.exponentials, f.ld_exponentials = plan.ld_exponentials, f.exponentials_max = buf.tile_max;
+      f.exponentials = buf.exponentials, f.ld_exponentials = plan.ld_exponentials, f.exponentials_shift = buf.shifts;
+      f.exponentials_row_shift = r.target_logit + first;  // a logit of the row: at most its LSE
       f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
       check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
       f.row_sum = buf.partials + f.col_splits * rows;
       check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (exponentials kept)");
 
-      exponentials_to_gradient_kernel<T><<<unsigned(rows), 256, 0, stream>>>(
-          buf.exponentials, plan.ld_exponentials, buf.tile_max, plan.ld_tile_max(), f.row_max, f.row_sum,
-          int(f.col_splits), rows, first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss, prob.logit, r.lse);
+      const auto to_gradient =
+          factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
+      T* scaled_rows = factored && r.grad_cols ? reinterpret_cast<T*>(buf.chunk_rows) : nullptr;
+      to_gradient<<<unsigned(rows), 256, 0, stream>>>(buf.exponentials, plan.ld_exponentials, buf.shifts,
+                                                      plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), rows,
+                                                      first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss,
+                                                      prob.logit, r.lse, buf.row_scale, chunk, scaled_rows, D);
       check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
         tlse_hop_product_args p = product(plan, buf, plan.k_splits_rows);
+        p.row_scale = factored ? buf.row_scale : nullptr;
         p.b = prob.cols.data, p.ldb = D, p.b_transposed = 1;
         p.M = rows, p.N = D, p.K = V;
         p.out = row_index ? static_cast<void*>(r.grad_rows) : static_cast<void*>(r.grad_rows + first * D);
@@ -168,7 +237,7 @@ struct LseStepHopper {
       if (r.grad_cols) {  // dB (+)= G^T A_chunk
         tlse_hop_product_args p = product(plan, buf, plan.k_splits_cols);
         p.a_transposed = 1;
-        p.b = chunk, p.ldb = D, p.b_transposed = 1;
+        p.b = factored ? reinterpret_cast<const T*>(buf.chunk_rows) : chunk, p.ldb = D, p.b_transposed = 1;
         p.M = V, p.N = D, p.K = rows;
         if (several) {
           p.out_f32 = buf.acc;
@@ -188,8 +257,8 @@ struct LseStepHopper {
   }
 
  private:
-  /// The arguments both products share: G (bf16 over the chunk's exponentials) as operand A, the
-  /// split partials.
+  /// The arguments both products share: G, or E' (bf16 over the chunk's exponentials), as operand
+  /// A, the split partials.
   static tlse_hop_product_args product(const StepPlan& plan, const StepPlan::Buffers& buf, int k_splits) {
     tlse_hop_product_args p{};
     p.dtype = TLSE_HOP_BF16;

@@ -2,10 +2,10 @@
 // How the training step on the Hopper kernels (hopper_step.hpp: cross-entropy's loss and
 // gradients in one call) cuts a problem under a memory budget. It takes 3 products where a
 // forward followed by the fused backward takes 4: per chunk of rows, the forward keeps the
-// chunk's exponentials (fp16 2^15 exp(x - m), chunk x V, m a max of each row's part of a tile)
-// instead of having the backward recompute them, a pass turns them in place into G (bf16) once the
-// rows' LSEs are known, then dA_chunk = G B is complete (every
-// column is in the chunk) and dB (+)= G^T A_chunk. dB goes to an fp32 accumulator (cols x depth)
+// chunk's exponentials (bf16 exp(x - s), chunk x V, s a shift per row or part of a tile) instead
+// of having the backward recompute them; once the rows' LSEs are known, G is their row-scaled
+// multiple (with a softcap, a pass turns them into G in place), then dA_chunk = G B is complete
+// (every column is in the chunk) and dB (+)= G^T A_chunk. dB goes to an fp32 accumulator (cols x depth)
 // summed over the chunks in order, unless one chunk holds every row. Host arithmetic only, so
 // that the host suite checks it.
 #include <algorithm>
@@ -26,7 +26,7 @@ struct StepPlan {
 
   std::int64_t rows = 0, cols = 0, depth = 0;
   std::int64_t chunk = 0;                    // rows per chunk: every row, or a multiple of TILE_M
-  std::int64_t ld_exponentials = 0;          // fp16 values per row: cols rounded up to 8 (16-byte rows)
+  std::int64_t ld_exponentials = 0;          // bf16 values per row: cols rounded up to 8 (16-byte rows)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA = G B (K = cols) and dB (+)= G^T A (K = chunk)
   std::size_t bytes = 0;                     // workspace of the plan
   bool fits = false;                         // within the budget
@@ -34,21 +34,23 @@ struct StepPlan {
   std::int64_t chunks() const { return chunk > 0 ? (rows + chunk - 1) / chunk : 0; }
   /// bf16 elements per G row: G overwrites the exponentials it comes from.
   std::int64_t ldg() const { return ld_exponentials; }
-  /// Floats per row of tile maxima: one per column tile and quad lane (tlse_hopper.h).
-  std::int64_t ld_tile_max() const { return 4 * ((cols + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N); }
+  /// Floats per row of shifts: one per column tile and quad lane (tlse_hopper.h).
+  std::int64_t ld_shifts() const { return 4 * ((cols + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N); }
 
   struct Buffers {
-    void* exponentials;  // chunk x ld_exponentials: the chunk's exponentials (fp16), then its G (bf16, ldg)
-    float* tile_max;     // chunk x ld_tile_max: the maxima the exponentials are under (exponentials_max)
+    void* exponentials;  // chunk x ld_exponentials (bf16): the chunk's exponentials, then E' or G (ldg)
+    float* shifts;       // chunk x ld_shifts: the shifts the exponentials are under (exponentials_shift)
+    float* row_scale;    // chunk: G's row factors c (G = diag(c) E')
     float* partials;     // MAX_SWEEP_SPLITS x 2 x chunk: the forward's row LSE states
-    char* chunk_rows;    // chunk x depth bf16: the chunk's rows gathered through the row index
+    char* chunk_rows;    // chunk x depth bf16: the chunk's rows gathered through the row index, then times c
     float* acc;          // cols x depth: dB over the chunks (only with several chunks)
     float* k_partials;   // the products' K-split partials
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
     b.exponentials = c.take<std::uint16_t>(chunk * ld_exponentials);
-    b.tile_max = c.take<float>(chunk * ld_tile_max());
+    b.shifts = c.take<float>(chunk * ld_shifts());
+    b.row_scale = c.take<float>(chunk);
     b.partials = c.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * chunk);
     b.chunk_rows = c.take<char>(chunk * depth * FusedBackwardPlan::BF16_BYTES);
     b.acc = c.take<float>(chunks() > 1 ? cols * depth : 0);
