@@ -22,12 +22,11 @@
 
 namespace tlse::impl::cuda {
 
-/// The bf16 value of 16 bits.
-__device__ inline float bf16_bits_to_float(unsigned short bits) { return __uint_as_float(unsigned(bits) << 16); }
-template <class T>
-__device__ inline unsigned short bits_of(float v) {
-  const T b = from_acc<T>(v);
-  return reinterpret_cast<const unsigned short&>(b);
+/// times * exp(s - l) for the shifts s of an eight's four pairs of columns; 0 where s = -inf (e
+/// = 0 there; no NaN from l = -inf).
+__device__ inline void pair_factors(const float (&s)[4], float l, float times, float (&f)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) f[q] = s[q] == -infinity<float>() ? 0.f : times * expf(s[q] - l);
 }
 
 /// A block per row p of the chunk (row id `id[first + p]`, or first + p), after the forward kept
@@ -70,10 +69,10 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
   const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
   const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
   struct alignas(16) Eight {
-    unsigned short v[8];
+    T v[8];
   };
   const float* row_shift = shift + p * ld_shift;
-  Eight* row = reinterpret_cast<Eight*>(static_cast<unsigned short*>(exps) + p * ld);  // ld is a multiple of 8
+  Eight* row = reinterpret_cast<Eight*>(static_cast<T*>(exps) + p * ld);  // ld is a multiple of 8
   // Each eight of the row in place through f(its values, the shifts of its four pairs, its first
   // column): IN_FLIGHT eights per thread are loaded before any is written back, since the stores
   // go to the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s
@@ -98,7 +97,8 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
       for (int u = 0; u < IN_FLIGHT; ++u) {
         const index_t eight = first_eight + u * stride;
         if (eight >= eights) continue;
-        row[eight] = f(in[u], s4[u], 8 * eight);
+        const float shifts[4] = {s4[u].x, s4[u].y, s4[u].z, s4[u].w};
+        row[eight] = f(in[u], shifts, 8 * eight);
       }
     }
   };
@@ -108,14 +108,12 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     const bool own_max = row_max > r0 + float(TLSE_HOP_ROW_SHIFT_SPAN);
     const float r = own_max ? l : r0;
     if (own_max)
-      each_eight([&](const Eight& in, const float4& s4, index_t) {
-        const float ss[4] = {s4.x, s4.y, s4.z, s4.w};
+      each_eight([&](const Eight& in, const float(&shifts)[4], index_t) {
+        float f[4];
+        pair_factors(shifts, l, 1.f, f);
         Eight out;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float f = ss[k / 2] == -infinity<float>() ? 0.f : expf(ss[k / 2] - l);
-          out.v[k] = bits_of<T>(bf16_bits_to_float(in.v[k]) * f);
-        }
+        for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(to_acc<float>(in.v[k]) * f[k / 2]);
         return out;
       });
     const float a = l == -infinity<float>() ? 0.f : expf(r - l);  // the row's exponentials to probabilities
@@ -124,7 +122,7 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     if (threadIdx.x == 0) {
       row_scale[p] = c;
       if (c != 0.f && x_t != -infinity<float>())
-        reinterpret_cast<unsigned short*>(row)[t] = bits_of<T>((g * expm1f(x_t - l) + (g - w)) / (g * a));
+        reinterpret_cast<T*>(row)[t] = from_acc<T>((g * expm1f(x_t - l) + (g - w)) / (g * a));
     }
     if (scaled_rows) {  // 16 bytes at a time (depth is a multiple of 8, the rows 16-byte aligned)
       const Eight* in = reinterpret_cast<const Eight*>(rows + p * depth);
@@ -133,31 +131,28 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
         const Eight v = in[k];
         Eight scaled;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) scaled.v[i] = bits_of<T>(c * bf16_bits_to_float(v.v[i]));
+        for (int i = 0; i < 8; ++i) scaled.v[i] = from_acc<T>(c * to_acc<float>(v.v[i]));
         out[k] = scaled;
       }
     }
   } else {
     const float target_dx_dz = model.dx_dz(x_t);
     const bool softcap = model.softcap > 0.f;
-    each_eight([&](const Eight& in, const float4& s4, index_t j) {
-      // per pair f = g exp(s - l), 0 where s = -inf (e = 0 there; no NaN from l = -inf)
-      const float ss[4] = {s4.x, s4.y, s4.z, s4.w};
+    each_eight([&](const Eight& in, const float(&shifts)[4], index_t j) {
       float fs[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) fs[q] = ss[q] == -infinity<float>() ? 0.f : g * expf(ss[q] - l);
+      pair_factors(shifts, l, g, fs);
       Eight out;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const float e = bf16_bits_to_float(in.v[k]), f = fs[k / 2];
+        const float e = to_acc<float>(in.v[k]), f = fs[k / 2];
         float dz;
         if (j + k == t)
           dz = x_t == -infinity<float>() ? 0.f : (e * f - w) * target_dx_dz;
         else if (j + k >= cols || e == 0.f)
           dz = 0.f;
         else
-          dz = e * f * (softcap ? model.dx_dz(ss[k / 2] + logf(e)) : 1.f);
-        out.v[k] = bits_of<T>(dz * model.scale);
+          dz = e * f * (softcap ? model.dx_dz(shifts[k / 2] + logf(e)) : 1.f);
+        out.v[k] = from_acc<T>(dz * model.scale);
       }
       return out;
     });
@@ -237,7 +232,7 @@ struct LseStepHopper {
       if (r.grad_cols) {  // dB (+)= G^T A_chunk
         tlse_hop_product_args p = product(plan, buf, plan.k_splits_cols);
         p.a_transposed = 1;
-        p.b = factored ? reinterpret_cast<const T*>(buf.chunk_rows) : chunk, p.ldb = D, p.b_transposed = 1;
+        p.b = scaled_rows ? scaled_rows : chunk, p.ldb = D, p.b_transposed = 1;
         p.M = V, p.N = D, p.K = rows;
         if (several) {
           p.out_f32 = buf.acc;

@@ -32,7 +32,7 @@ struct StepPlan {
   bool fits = false;                         // within the budget
 
   std::int64_t chunks() const { return chunk > 0 ? (rows + chunk - 1) / chunk : 0; }
-  /// bf16 elements per G row: G overwrites the exponentials it comes from.
+  /// bf16 elements per row of G or E': either overwrites the exponentials it comes from.
   std::int64_t ldg() const { return ld_exponentials; }
   /// Floats per row of shifts: one per column tile and quad lane (tlse_hopper.h).
   std::int64_t ld_shifts() const { return 4 * ((cols + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N); }
