@@ -247,7 +247,8 @@ class MaterializedContrastive {
   detail::GradientBuffer<Exec, T> dI_, dT_;
 };
 
-/// Cross-entropy, mean over the N rows: L = (1/N) sum_i (lse_i - x_{i,target_i}), x = E C^T.
+/// Cross-entropy, mean over the N rows: L = (1/N) sum_i (lse_i - x_{i,target_i}), x = E C^T, or
+/// with a softcap s > 0 (Gemma 2) x = s tanh(E C^T / s).
 template <class Exec, class T>
 class MaterializedCrossEntropy {
  public:
@@ -257,9 +258,10 @@ class MaterializedCrossEntropy {
   using Targets = Kokkos::View<const int*, Mem>;
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
-  MaterializedCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets)
+  MaterializedCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets, double softcap = 0)
       : exec_(exec),
         targets_(targets),
+        softcap_(Acc(softcap)),
         E_(alloc_, "tlse::baseline::E", E),
         C_(alloc_, "tlse::baseline::C", C),
         x_(detail::matrix<Exec, Acc>(alloc_, "tlse::baseline::logits", E.extent(0), C.extent(0))),
@@ -272,6 +274,14 @@ class MaterializedCrossEntropy {
     E_.widen(exec_);
     C_.widen(exec_);
     detail::gemm(exec_, "N", "T", Acc(1), E_.view(), C_.view(), x_);
+    if (softcap_ > 0) {
+      const auto x = x_;
+      const Acc s = softcap_;
+      Kokkos::parallel_for(
+          "tlse::baseline::softcap",
+          Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec_, {0, 0}, {x.extent(0), x.extent(1)}),
+          KOKKOS_LAMBDA(std::size_t i, std::size_t j) { x(i, j) = s * impl::tanh(x(i, j) / s); });
+    }
     detail::row_lse(exec_, x_, lse_);
     const auto x = x_;
     const auto lse = lse_;
@@ -282,18 +292,19 @@ class MaterializedCrossEntropy {
         KOKKOS_LAMBDA(std::size_t i, Acc& s) { s += w * (lse(i) - x(i, t(i))); }, loss_);
   }
 
-  /// dE = G C and dC = G^T E for dloss = 1, with G_ij = (softmax_ij - [j == target_i]) / N.
-  /// Overwrites the logits with G.
+  /// dE = G C and dC = G^T E for dloss = 1, with G_ij = (softmax_ij - [j == target_i]) / N, times
+  /// dx/d(E C^T) = 1 - (x / s)^2 under a softcap. Overwrites the logits with G.
   void backward(const Gradient& dE, const Gradient& dC) {
     const auto x = x_;
     const auto lse = lse_;
     const auto t = targets_;
-    const Acc w = Acc(1) / Acc(x.extent(0));
+    const Acc w = Acc(1) / Acc(x.extent(0)), s = softcap_;
     Kokkos::parallel_for(
         "tlse::baseline::cross_entropy_dlogits",
         Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec_, {0, 0}, {x.extent(0), x.extent(1)}),
         KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
-          x(i, j) = w * (impl::exp(x(i, j) - lse(i)) - (int(j) == t(i) ? Acc(1) : Acc(0)));
+          const Acc dz = w * (impl::exp(x(i, j) - lse(i)) - (int(j) == t(i) ? Acc(1) : Acc(0)));
+          x(i, j) = s > 0 ? dz * (Acc(1) - (x(i, j) / s) * (x(i, j) / s)) : dz;
         });
     detail::gemm(exec_, "N", "N", Acc(1), x_, C_.view(), dE_.target(dE));
     detail::gemm(exec_, "T", "N", Acc(1), x_, E_.view(), dC_.target(dC));
@@ -310,6 +321,7 @@ class MaterializedCrossEntropy {
  private:
   Exec exec_;
   Targets targets_;
+  Acc softcap_;                // 0: off
   detail::Allocations alloc_;  // declared before the buffers it counts
   detail::Operand<Exec, T> E_, C_;
   detail::Matrix<Exec, Acc> x_;

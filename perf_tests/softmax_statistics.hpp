@@ -53,8 +53,9 @@ inline std::vector<std::int64_t> sampled_rows(std::int64_t N, std::int64_t row_t
   return rows;
 }
 
-/// x = E[rows] C^T in float64, computed on the default execution space a column block at a time.
-inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_t row_tiles) {
+/// x = E[rows] C^T in float64, computed on the default execution space a column block at a time;
+/// with softcap > 0, x = softcap tanh(E[rows] C^T / softcap).
+inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_t row_tiles, double softcap = 0) {
   using Exec = Kokkos::DefaultExecutionSpace;
   using View = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::Device<Exec, Exec::memory_space>>;
   SampledLogits s;
@@ -79,7 +80,8 @@ inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_
     KokkosBlas::gemm("N", "T", 1.0, Es, Cb, 0.0, Xb);
     Kokkos::deep_copy(Xb_h, Xb);
     for (std::int64_t i = 0; i < S; ++i)
-      for (std::int64_t j = 0; j < n; ++j) s.x(i, j0 + j) = Xb_h(i, j);
+      for (std::int64_t j = 0; j < n; ++j)
+        s.x(i, j0 + j) = softcap > 0 ? softcap * std::tanh(Xb_h(i, j) / softcap) : Xb_h(i, j);
   }
   s.lse.resize(std::size_t(S));
   for (std::int64_t i = 0; i < S; ++i) {

@@ -82,9 +82,11 @@ class TiledCrossEntropy {
 
   TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets,
                     Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default,
-                    double filter_eps = filter_eps_auto, bool sort_vocabulary = false, bool one_call_step = false)
+                    double filter_eps = filter_eps_auto, bool sort_vocabulary = false, bool one_call_step = false,
+                    double softcap = 0)
       : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)), one_call_step_(one_call_step) {
     opts_.precision = precision;
+    opts_.softcap = softcap;
     opts_.memory_budget = memory_budget;
     opts_.filter_eps = filter_eps;
     if (sort_vocabulary) order_ = VocabOrder("vocab_order", C.extent(0));

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,7 @@ struct Options {
   bool filter_study = false;                          // --filter-study (cross-entropy)
   bool check_sampled = false;                         // --check-sampled (cross-entropy)
   bool training_step = false;                         // --training-step (cross-entropy)
+  double softcap = 0;                                 // --softcap (cross-entropy); 0: off
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -83,6 +85,10 @@ cross-entropy options:
   --training-step            also time the step as one call, cross_entropy_with_gradients (its
                              fwd+bwd column; forward alone as usual): on Hopper GPUs the forward's
                              logits become the gradient when --memory-budget holds a chunk of them
+  --softcap S                logits become S tanh(x / S) (Gemma 2; CrossEntropyOptions::softcap), in
+                             TiledLSE, the baseline, the input statistics and --check (not with
+                             --check-sampled); on Hopper GPUs the training step then turns its
+                             kept exponentials into G in a pass of its own (docs/performance.md)
   --check-sampled            compare dE on 256 sampled rows and dC on 256 sampled classes (the 128
                              likeliest by column logit sum and 128 spread over the ids) with float64
                              gradients from exact float64 LSEs of every row (KokkosBlas::gemm on the
@@ -140,6 +146,13 @@ inline std::uint64_t unsigned_integer(const std::string& flag, const std::string
   if (ec != std::errc() || end != text.data() + text.size())
     throw UsageError(flag + " expects a non-negative integer, got '" + text + "'");
   return v;
+}
+
+/// A number as --help and the header print it (%g).
+inline std::string number_text(double v) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", v);
+  return s;
 }
 
 inline double positive_number(const std::string& flag, const std::string& text) {
@@ -258,6 +271,8 @@ inline Options parse_command_line(int argc, const char* const* argv) {
     } else if (!contrastive && flag == "--training-step") {
       no_value();
       o.training_step = true;
+    } else if (!contrastive && flag == "--softcap") {
+      o.softcap = detail::positive_number(flag, next());
     } else if (!contrastive && flag == "--check-sampled") {
       no_value();
       o.check_sampled = true;
@@ -281,6 +296,9 @@ inline Options parse_command_line(int argc, const char* const* argv) {
   if (o.inputs == Inputs::lm && o.dim < 2)
     throw UsageError("--inputs lm needs --dim >= 2 (one feature carries the bias)");
   if (o.tf32 && o.dtype != DType::f32) throw UsageError("--precision tf32 applies to --dtype f32 only");
+  if (o.softcap > 0 && o.check_sampled)
+    throw UsageError("--check-sampled has no softcap (perf_tests/sampled_reference.hpp); drop --softcap " +
+                     detail::number_text(o.softcap) + " or --check-sampled");
   return o;
 }
 

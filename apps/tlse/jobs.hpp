@@ -104,7 +104,8 @@ int run_cross_entropy(const Options& o) {
   using Acc = accumulator_t<T>;
   const std::int64_t N = o.tokens, D = o.dim, V = o.vocab;
   print_header(o, scalar_name<T>(),
-               "tokens " + std::to_string(N) + ", dim " + std::to_string(D) + ", vocab " + std::to_string(V));
+               "tokens " + std::to_string(N) + ", dim " + std::to_string(D) + ", vocab " + std::to_string(V) +
+                   (o.softcap > 0 ? ", softcap " + detail::number_text(o.softcap) : ""));
   auto problem = o.inputs == Inputs::lm ? perf::lm_cross_entropy_problem(o.seed, N, D, V)
                                         : perf::cross_entropy_problem(o.seed, N, D, V);
   const DeviceMatrix<T> E = perf::upload<T>("E", problem.E), C = perf::upload<T>("C", problem.C);
@@ -117,7 +118,7 @@ int run_cross_entropy(const Options& o) {
   std::vector<Outcome> outcomes;
   for (const TiledRun& run : tiled_runs(o)) {
     perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget, run.filter_eps,
-                                           run.sort_vocabulary, run.training_step);
+                                           run.sort_vocabulary, run.training_step, o.softcap);
     outcomes.push_back(measure<T>(o, run.name, tiled, N, V, D));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) + " + saved LSEs" +
                                   (run.sort_vocabulary ? " + vocabulary order" : "") + "; plus team scratch " +
@@ -125,7 +126,7 @@ int run_cross_entropy(const Options& o) {
                                   " per team (tile-sized, independent of N and V)";
   }
   if (o.baseline) {
-    baseline::MaterializedCrossEntropy<Exec, T> base(Exec(), E, C, targets);
+    baseline::MaterializedCrossEntropy<Exec, T> base(Exec(), E, C, targets, o.softcap);
     outcomes.push_back(measure<T>(o, "materialized", base, N, V, D));
     outcomes.back().memory_note = "logits " + std::to_string(N) + " x " + std::to_string(V) + " " +
                                   bytes_text(double(base.logit_bytes())) + " + LSEs" +
@@ -137,7 +138,9 @@ int run_cross_entropy(const Options& o) {
   if (!o.check) return sampled_ok ? 0 : 1;
 
   announce_reference(5.0 * double(N) * double(V) * double(D));
-  const auto ref = testing::cross_entropy_reference(problem.E, problem.C, {}, problem.targets, CrossEntropyOptions{}, {1.0});
+  CrossEntropyOptions ref_opts;
+  ref_opts.softcap = o.softcap;
+  const auto ref = testing::cross_entropy_reference(problem.E, problem.C, {}, problem.targets, ref_opts, {1.0});
   const bool ok = check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>(o.tf32));
   return ok && sampled_ok ? 0 : 1;
 }
