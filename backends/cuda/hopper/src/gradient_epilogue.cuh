@@ -34,7 +34,10 @@ struct GradientParams {
 /// Filter (taken into account without General): gradient filtering is on; off (the contrastive
 /// loss never filters), the simple loops track no softmax maximum or target hit: 11% fewer
 /// instructions in the bf16 kernel (SASS), 2% off the contrastive fwd+bwd on the H200.
-template <class T, bool General = true, bool Filter = true>
+/// Capped (without General): the row side alone under a softcap, x = capped(scale * dot) (its own
+/// kernel: as a branch of the kernel without it, it made that one spill 28 bytes and the
+/// cross-entropy fwd+bwd 0.8% slower).
+template <class T, bool General = true, bool Filter = true, bool Capped = false>
 struct GradientEpilogue {
   using Params = GradientParams<T>;
   struct SharedStorage {
@@ -109,13 +112,17 @@ struct GradientEpilogue {
     parity ^= 1;
   }
 
-  /// simple_dlogits for the sides that are on (at least one).
+  /// simple_dlogits for the sides that are on (at least one; under a softcap the row side alone).
   template <bool Edge, class Acc>
   __device__ __forceinline__ bool simple_sides(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
     const bool own_on = p.row_terms.active(), other_on = p.col_terms.active();
-    if (own_on && other_on) return simple_dlogits<true, true, Edge>(acc, c, row0, col0, eps);
-    if (own_on) return simple_dlogits<true, false, Edge>(acc, c, row0, col0, eps);
-    return simple_dlogits<false, true, Edge>(acc, c, row0, col0, eps);
+    if constexpr (Capped) {
+      return simple_dlogits<true, false, Edge>(acc, c, row0, col0, eps);
+    } else {
+      if (own_on && other_on) return simple_dlogits<true, true, Edge>(acc, c, row0, col0, eps);
+      if (own_on) return simple_dlogits<true, false, Edge>(acc, c, row0, col0, eps);
+      return simple_dlogits<false, true, Edge>(acc, c, row0, col0, eps);
+    }
   }
 
   /// dlogits for a tile whose columns all take the simple model (x = scale * dot) and with the
@@ -123,9 +130,10 @@ struct GradientEpilogue {
   /// instructions of the general loop). Column by column, so that both rows of the thread take
   /// the column's terms from one shared load; a row that takes no part is computed with the
   /// others, left out of the filter's note, and zeroed after. Edge: the panel ends inside the
-  /// tile, the entries past it get 0.
+  /// tile, the entries past it get 0. Capped: x = capped(scale * dot), dL/dz times dx/dz.
   template <bool Own, bool Other, bool Edge, class Acc>
   __device__ __forceinline__ bool simple_dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
+    static_assert(!Capped || (Own && !Other), "a softcap takes the row side alone");
     const float scale2 = p.logit.scale * LOG2E;
     float pmax = 0.f;
     bool hit = false;
@@ -160,7 +168,14 @@ struct GradientEpilogue {
         float& v = Fragment::at(acc, r, j);
         const float dot = v;
         float dz = 0.f;
-        if constexpr (Own) {
+        if constexpr (Capped) {
+          const float x = p.logit.capped(dot * p.logit.scale);
+          const float e = own[r].softmax(x, LOG2E);
+          const bool is_target = target_at[r] == jc - c.col(0);
+          dz = own[r].term(e, is_target) * p.logit.dx_dz(x);
+          if constexpr (Filter)
+            if (row_ok[r]) pmax = nan_max(pmax, e);
+        } else if constexpr (Own) {
           const float e = own[r].softmax(dot, scale2);
           const bool is_target = target_at[r] == jc - c.col(0);
           dz = own[r].term(e, is_target);

@@ -69,6 +69,9 @@ struct DeviceLogitModel {
   /// Columns [0, simple_cols) of a side without index need nothing but the scale: no bias, no
   /// softcap, no diagonal, no column past valid_cols (0 when the model is not that simple).
   int64_t simple_cols = 0;
+  /// Columns [0, capped_cols) need the scale and a softcap only: x = capped(scale * dot) (0
+  /// when the model has no softcap, or needs more than these two).
+  int64_t capped_cols = 0;
 
   /// Whether every column of the tile at col0 needs only x = scale * dot (rows are checked one
   /// by one: a row that takes no part is skipped whole).
@@ -80,9 +83,11 @@ struct DeviceLogitModel {
     if (col_id >= valid_cols || (exclude_diagonal && row_id + diagonal_offset == col_id)) return NEG_INF;
     float z = scale * dot;
     if (col_bias) z += float(col_bias[col_id]);
-    // A -inf logit stays masked under the softcap, as in LogitModel (tile_problem.hpp).
-    return softcap > 0.f && z != NEG_INF ? softcap * tanhf(z / softcap) : z;
+    return softcap > 0.f ? capped(z) : z;
   }
+  /// softcap tanh(z / softcap) (softcap > 0), as LogitModel computes it (tile_problem.hpp); a -inf
+  /// logit stays masked.
+  __device__ __forceinline__ float capped(float z) const { return z != NEG_INF ? softcap * tanhf(z / softcap) : z; }
   /// dx/dz of the softcap in terms of x itself (1 - tanh^2).
   __device__ __forceinline__ float dx_dz(float x) const {
     if (!(softcap > 0.f)) return 1.f;
@@ -100,8 +105,10 @@ DeviceLogitModel<T> device_logit_model(const tlse_hop_logit_model& m, const tlse
   d.exclude_diagonal = m.exclude_diagonal != 0;
   d.diagonal_offset = m.diagonal_offset;
   d.valid_cols = m.valid_cols;
-  const bool simple = !m.col_bias && !(m.softcap > 0.f) && !m.exclude_diagonal && !cols.index;
-  d.simple_cols = simple ? (cols.count < m.valid_cols ? cols.count : m.valid_cols) : 0;
+  const bool scaled = !m.col_bias && !m.exclude_diagonal && !cols.index;  // but for the softcap
+  const int64_t valid = cols.count < m.valid_cols ? cols.count : m.valid_cols;
+  d.simple_cols = scaled && !(m.softcap > 0.f) ? valid : 0;
+  d.capped_cols = scaled && m.softcap > 0.f ? valid : 0;
   return d;
 }
 

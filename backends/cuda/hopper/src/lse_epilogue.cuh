@@ -101,23 +101,26 @@ struct LseForwardEpilogue {
       else
         rows<false>(acc, c, row0, col0);
     } else {
-      if (col0 + TILE_N <= p.cols.count)
-        rows<true>(acc, c, row0, col0);
+      bool capped = false;  // every column takes x = capped(scale * dot): the row LSE alone
+      if constexpr (!Columns) capped = p.logit.softcap > 0.f;
+      const bool inside = col0 + TILE_N <= p.cols.count;  // else the last tile: past the columns is -inf
+      if (capped)
+        inside ? rows<true, false, true>(acc, c, row0, col0) : rows<true, true, true>(acc, c, row0, col0);
       else
-        rows<true, true>(acc, c, row0, col0);  // the last column tile: past the columns is -inf
+        inside ? rows<true>(acc, c, row0, col0) : rows<true, true>(acc, c, row0, col0);
     }
     if constexpr (KeepExponentials) keep_tile(acc, c, row0, m, n);
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
-  /// Turns the tile into logits (Simple: columns of a simple model, x = scale * dot; Edge: some
-  /// lie past the columns) and folds each of the thread's rows into its running state; a row that
-  /// takes no part becomes -inf.
-  template <bool Simple, bool Edge = false, class Acc>
+  /// Turns the tile into logits (Simple: columns of a simple model, x = scale * dot, or with
+  /// Capped x = capped(scale * dot); Edge: some lie past the columns) and folds each of the
+  /// thread's rows into its running state; a row that takes no part becomes -inf.
+  template <bool Simple, bool Edge = false, bool Capped = false, class Acc>
   __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const float mx = row_logits<Simple, Edge>(acc, c, r, row0, col0);
+      const float mx = row_logits<Simple, Edge, Capped>(acc, c, r, row0, col0);
       if constexpr (KeepExponentials)
         keep_row(acc, c, r, mx);
       else
@@ -164,7 +167,7 @@ struct LseForwardEpilogue {
 
   /// The thread's part of row r as logits; returns their max (a NaN is dropped here but poisons
   /// the sums).
-  template <bool Simple, bool Edge, class Acc>
+  template <bool Simple, bool Edge, bool Capped, class Acc>
   __device__ __forceinline__ float row_logits(Acc& acc, const Fragment& c, int r, int64_t row0, int64_t col0) {
     const int64_t row = row0 + c.row(r);
     const bool row_ok = p.rows.output(row) >= 0;
@@ -174,7 +177,8 @@ struct LseForwardEpilogue {
     for (int j = 0; j < Fragment::COLS; ++j) {
       float& x = Fragment::at(acc, r, j);
       if constexpr (Simple) {
-        x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? x * p.logit.scale : NEG_INF;
+        const float z = x * p.logit.scale;
+        x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? (Capped ? p.logit.capped(z) : z) : NEG_INF;
         mx = fmaxf(mx, x);
       } else {
         const int64_t col = col0 + c.col(j);
