@@ -168,17 +168,12 @@ struct GradientEpilogue {
         float& v = Fragment::at(acc, r, j);
         const float dot = v;
         float dz = 0.f;
-        if constexpr (Capped) {
-          const float x = p.logit.capped(dot * p.logit.scale);
-          const float e = own[r].softmax(x, LOG2E);
+        if constexpr (Own) {
+          // Under a softcap the entry's logit x = capped(scale * dot) and dL/dz takes dx/dz.
+          const float x = Capped ? p.logit.capped(dot * p.logit.scale) : 0.f;
+          const float e = Capped ? own[r].softmax(x, LOG2E) : own[r].softmax(dot, scale2);
           const bool is_target = target_at[r] == jc - c.col(0);
-          dz = own[r].term(e, is_target) * p.logit.dx_dz(x);
-          if constexpr (Filter)
-            if (row_ok[r]) pmax = nan_max(pmax, e);
-        } else if constexpr (Own) {
-          const float e = own[r].softmax(dot, scale2);
-          const bool is_target = target_at[r] == jc - c.col(0);
-          dz = own[r].term(e, is_target);
+          dz = Capped ? own[r].term(e, is_target) * p.logit.dx_dz(x) : own[r].term(e, is_target);
           // With the targets met, the tile survives gradient filtering when !(pmax < eps) (as
           // TermsAt::share decides entry by entry; a NaN wins).
           if constexpr (Filter)
