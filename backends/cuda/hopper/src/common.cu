@@ -34,6 +34,26 @@ int multiprocessors() {
   return counts[device];
 }
 
+int active_clusters(const void* kernel, int block, int smem, int cluster) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  struct Entry {
+    const void* kernel;
+    int device, count;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : known)
+    if (e.kernel == kernel && e.device == device) return e.count;
+  cudaLaunchAttribute attributes[2];
+  const cudaLaunchConfig_t config = dependent_config(attributes, cluster, block, smem, nullptr, cluster);
+  int count = 0;
+  if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) count = 0;
+  known.push_back({kernel, device, count});
+  return count;
+}
+
 int check_operand(const char* call, const char* name, const void* data, int64_t rows, int64_t depth, int64_t ld,
                   int elem) {
   const auto why = [&](const std::string& s) {

@@ -22,22 +22,41 @@ __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddep
 /// wait in wait_for_previous_grid() for this grid to complete.
 __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-/// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization: the
-/// kernel must call wait_for_previous_grid() before it touches global memory.
-template <class... Params, class... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), int grid, int block, int smem, cudaStream_t stream,
-                             Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+/// The launch of `grid` CTAs of `block` threads in clusters of `cluster` CTAs (1: no clusters)
+/// with programmatic stream serialization. `attributes` holds what config.attrs points to.
+inline cudaLaunchConfig_t dependent_config(cudaLaunchAttribute (&attributes)[2], int grid, int block, int smem,
+                                           cudaStream_t stream, int cluster) {
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = unsigned(cluster);
+  attributes[1].val.clusterDim.y = attributes[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(grid));
   config.blockDim = dim3(unsigned(block));
   config.dynamicSmemBytes = size_t(smem);
   config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster > 1 ? 2 : 1;
+  return config;
+}
+
+/// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization, in
+/// clusters of `cluster` CTAs along x (grid a multiple of it): the kernel must call
+/// wait_for_previous_grid() before it touches global memory.
+template <class... Params, class... Args>
+cudaError_t launch_dependent_clusters(void (*kernel)(Params...), int grid, int block, int smem, cudaStream_t stream,
+                                      int cluster, Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  const cudaLaunchConfig_t config = dependent_config(attributes, grid, block, smem, stream, cluster);
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// launch_dependent_clusters without clusters.
+template <class... Params, class... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), int grid, int block, int smem, cudaStream_t stream,
+                             Args&&... args) {
+  return launch_dependent_clusters(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
 }
 
 }  // namespace tlse::hopper

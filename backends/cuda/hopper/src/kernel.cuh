@@ -45,6 +45,21 @@ struct Fragment {
   }
 };
 
+/// A CTA's place in the schedule: alone, it takes the units blockIdx.x, + gridDim.x, ...; in a
+/// cluster, the cluster takes them and the CTA its rank-th row tiles of each. The CTAs of a
+/// cluster load B tiles for one another, so they must walk the same K steps: clusters are for
+/// epilogues whose keep() holds everywhere (product.cu: products without a tile mask).
+template <class Config>
+struct ClusterPlace {
+  static constexpr int SIZE = Config::CLUSTER_M;
+  int rank;
+
+  __device__ static ClusterPlace here() { return {SIZE > 1 ? int(cute::block_rank_in_cluster()) : 0}; }
+  __device__ int first_unit() const { return int(blockIdx.x) / SIZE; }
+  __device__ int unit_stride() const { return int(gridDim.x) / SIZE; }
+  __device__ WorkUnit unit(const TileSchedule& sched, int u) const { return sched.template unit<SIZE>(u, rank); }
+};
+
 template <class Config, class Epilogue>
 struct KernelParams {
   MainloopParams<Config> mainloop;
@@ -72,19 +87,27 @@ __global__ void __launch_bounds__(THREADS, 1)
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = CONSUMER_THREADS;
-  Pipeline pipeline(ss.mainloop.pipeline, pp, Shape<_1, _1, _1>{});
+  Pipeline pipeline(ss.mainloop.pipeline, pp, typename Config::ClusterShape{});
   wait_for_previous_grid();  // nothing above touched global memory (launch(): dependent launch)
   allow_next_grid();
-  __syncthreads();  // the barriers are initialized before anyone waits on them
+  // The barriers are initialized before anyone waits on them, or, in a cluster, multicasts to them.
+  if constexpr (Config::CLUSTER_M > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   const TileSchedule& sched = kp.schedule;
   auto keep = [&](int m, int k) { return Epilogue::keep(kp.epilogue, m, k); };
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGISTERS>();
     if (threadIdx.x == 0) {
+      // Each role reads its place after setmaxnreg: a value live across it went to the stack.
+      const auto at = ClusterPlace<Config>::here();
       auto write = cutlass::make_producer_start_state<Pipeline>();
-      for (int u = blockIdx.x; u < sched.units(); u += gridDim.x)
-        Loop::load_unit(kp.mainloop, ss.mainloop, pipeline, write, sched.unit(u), keep);
+      for (int u = at.first_unit(); u < sched.units(); u += at.unit_stride())
+        Loop::load_unit(kp.mainloop, ss.mainloop, pipeline, write, at.unit(sched, u), keep);
       pipeline.producer_tail(write);
     }
   } else {
@@ -101,8 +124,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Fragment frag(ct);
     Epilogue epi(kp.epilogue, ss.epilogue, ct);
     typename Pipeline::PipelineState read;
-    for (int u = blockIdx.x; u < sched.units(); u += gridDim.x) {
-      const WorkUnit w = sched.unit(u);
+    const auto at = ClusterPlace<Config>::here();
+    for (int u = at.first_unit(); u < sched.units(); u += at.unit_stride()) {
+      const WorkUnit w = at.unit(sched, u);
       for (int m = w.m_begin; m < w.m_end; ++m) {
         epi.begin_row(frag, w, m);
         for (int n = w.n_begin; n < w.n_end; ++n) {

@@ -1,6 +1,7 @@
 #pragma once
 // Host side shared by the entry points: the error a call returns, argument checks, the launch of
-// the persistent kernel (one CTA per SM at most) and the split counts that keep the last wave full.
+// the persistent kernel (one CTA per SM at most, alone or in clusters) and the split counts that keep the last wave
+// full.
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -18,6 +19,10 @@ int fail(int code, const std::string& why);
 
 /// Multiprocessors of the current device (cached per device).
 int multiprocessors();
+
+/// Clusters of `cluster` CTAs of `kernel` (`block` threads, `smem` bytes of dynamic shared memory)
+/// the current device runs at once (cached per kernel and device); 0 where it cannot say.
+int active_clusters(const void* kernel, int block, int smem, int cluster);
 
 /// TLSE_HOP_E_ARGUMENT unless an operand of `rows` rows of depth `depth` at `data` with leading
 /// dimension `ld` (elements of `elem` bytes) can be read by TMA: 16-byte aligned start and rows,
@@ -52,8 +57,17 @@ int launch(const char* name, const KernelParams<Config, Epilogue>& kp, cudaStrea
                                        std::to_string(smem) + " bytes: " + cudaGetErrorString(configured));
   const int units = kp.schedule.units();
   if (units == 0) return TLSE_HOP_OK;
-  const int grid = units < multiprocessors() ? units : multiprocessors();
-  const cudaError_t e = launch_dependent(kernel, grid, THREADS, smem, stream, kp);
+  // One CTA per SM, or in clusters as many clusters as fit at once (GPCs may leave an SM out).
+  constexpr int cluster = Config::CLUSTER_M;
+  int slots = multiprocessors();
+  if (cluster > 1) {
+    slots = active_clusters(reinterpret_cast<const void*>(kernel), THREADS, smem, cluster);
+    if (slots < 1)
+      return fail(TLSE_HOP_E_LAUNCH, std::string(name) + ": no cluster of " + std::to_string(cluster) + " CTAs with " +
+                                         std::to_string(smem) + " bytes of shared memory fits the device");
+  }
+  const int grid = (units < slots ? units : slots) * cluster;
+  const cudaError_t e = launch_dependent_clusters(kernel, grid, THREADS, smem, stream, cluster, kp);
   if (e != cudaSuccess) return fail(TLSE_HOP_E_LAUNCH, std::string(name) + ": launch failed: " + cudaGetErrorString(e));
   return TLSE_HOP_OK;
 }

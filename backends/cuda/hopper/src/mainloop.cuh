@@ -4,7 +4,8 @@
 // warpgroups multiply each stage with wgmma into fp32 accumulators and hand the stage back as
 // soon as the wgmma that read it has retired (one wgmma batch stays in flight). Both sides walk
 // the same sequence of K steps, so a step the epilogue filters out (`keep` false) is neither
-// loaded nor multiplied.
+// loaded nor multiplied. The CTAs of a cluster load B tiles for one another (TileConfig), so
+// they walk the same steps: every step (kernel.cuh's ClusterPlace).
 #include "tile_config.cuh"
 #include "tile_scheduler.cuh"
 
@@ -35,8 +36,11 @@ struct Mainloop {
     Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _));  // (BN, BK, n, k)
     Tensor sA = make_tensor(make_smem_ptr(smem.A.begin()), typename Config::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.B.begin()), typename Config::SmemLayoutB{});
+    // In a cluster, this CTA loads slice `rank` of each B tile into every CTA of the cluster.
+    const int rank = Config::CLUSTER_M > 1 ? int(block_rank_in_cluster()) : 0;
+    constexpr uint16_t everyone = uint16_t((1 << Config::CLUSTER_M) - 1);
     auto tma_a = p.tma_a.get_slice(0);
-    auto tma_b = p.tma_b.get_slice(0);
+    auto tma_b = p.tma_b.get_slice(rank);
     Tensor tAgA = tma_a.partition_S(gA);  // (TMA, TMA_M, TMA_K, m, k)
     Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, stage)
     Tensor tBgB = tma_b.partition_S(gB);
@@ -49,7 +53,10 @@ struct Mainloop {
           auto* bar = pipeline.producer_get_barrier(write);
           const int stage = write.index();
           copy(p.tma_a.with(*bar), tAgA(_, _, _, m, k), tAsA(_, _, _, stage));
-          copy(p.tma_b.with(*bar), tBgB(_, _, _, n, k), tBsB(_, _, _, stage));
+          if constexpr (Config::CLUSTER_M > 1)
+            copy(p.tma_b.with(*bar, everyone), tBgB(_, _, _, n, k), tBsB(_, _, _, stage));
+          else
+            copy(p.tma_b.with(*bar), tBgB(_, _, _, n, k), tBsB(_, _, _, stage));
           ++write;
         }
   }

@@ -5,6 +5,12 @@
 // An operand is K-major (depth contiguous: the inputs, G as stored) or MN-major (rows contiguous:
 // G read transposed, the products' second operands); wgmma reads either from swizzled shared
 // memory for 16-bit types, TF32 only K-major.
+//
+// ClusterM > 1: the CTAs of a cluster take row tiles next to each other with the same column
+// tile and K steps, so they read the same B tiles; each loads a 1 / ClusterM slice of every B tile
+// and TMA multicasts it into the shared memory of all of them (their pipelines' stages are
+// released only when every CTA's consumers are done with them). L2 serves each CTA 1/3 fewer
+// bytes per K step for ClusterM = 2 (128 rows of A and 128 of B, not 128 and 256).
 #include <cutlass/numeric_types.h>
 
 #include <cute/tensor.hpp>
@@ -21,10 +27,14 @@ constexpr int CONSUMER_THREADS = 256, THREADS = 384;  // one producer warpgroup,
 static_assert(CONSUMER_THREADS == TILE_N, "the column epilogues give each consumer thread one column of a tile");
 constexpr int PRODUCER_REGISTERS = 40, CONSUMER_REGISTERS = 232;
 
-template <class T, bool TransposedA, bool TransposedB>
+template <class T, bool TransposedA, bool TransposedB, int ClusterM = 1>
 struct TileConfig {
   using Element = T;
   static constexpr int BM = TILE_M, BN = TILE_N, BK = 128 / int(sizeof(T));
+  static constexpr int CLUSTER_M = ClusterM;
+  static_assert(ClusterM == 1 || ClusterM == 2, "clusters of one or two CTAs along M");
+  using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
+  using CopyB = std::conditional_t<(ClusterM > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
   static constexpr GMMA::Major MajorA = TransposedA ? GMMA::Major::MN : GMMA::Major::K;
   static constexpr GMMA::Major MajorB = TransposedB ? GMMA::Major::MN : GMMA::Major::K;
   static_assert(sizeof(T) == 2 || (!TransposedA && !TransposedB), "wgmma reads TF32 operands K-major only");
@@ -50,9 +60,9 @@ struct TileConfig {
       make_tensor(make_gmem_ptr(static_cast<T const*>(nullptr)), make_shape(int32_t(0), int32_t(0)), StrideA{}),
       SmemLayoutA{}(_, _, 0), make_shape(Int<BM>{}, Int<BK>{}), Int<1>{}));
   using TmaB = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
+      CopyB{},
       make_tensor(make_gmem_ptr(static_cast<T const*>(nullptr)), make_shape(int32_t(0), int32_t(0)), StrideB{}),
-      SmemLayoutB{}(_, _, 0), make_shape(Int<BN>{}, Int<BK>{}), Int<1>{}));
+      SmemLayoutB{}(_, _, 0), make_shape(Int<BN>{}, Int<BK>{}), Int<ClusterM>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<STAGES>;
   static constexpr uint32_t STAGE_BYTES = uint32_t((BM + BN) * BK * sizeof(T));
@@ -82,7 +92,7 @@ struct TileConfig {
         return make_stride(ld, _1{});
     }();
     auto g = make_tensor(make_gmem_ptr(static_cast<T const*>(b)), make_shape(int32_t(N), int32_t(K)), stride);
-    return make_tma_copy(SM90_TMA_LOAD{}, g, SmemLayoutB{}(_, _, 0), make_shape(Int<BN>{}, Int<BK>{}), Int<1>{});
+    return make_tma_copy(CopyB{}, g, SmemLayoutB{}(_, _, 0), make_shape(Int<BN>{}, Int<BK>{}), Int<ClusterM>{});
   }
 };
 

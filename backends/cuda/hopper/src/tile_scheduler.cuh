@@ -9,6 +9,12 @@
 // CTAs running at the same time share few m units (the forward's row panels, re-read for every
 // column tile, stay resident) and walk the same column tiles in step (each read once from HBM).
 // Products use larger groups (a CUTLASS-style swizzle).
+//
+// With clusters of cluster_m CTAs (TileConfig's ClusterM), a unit's row tiles are
+// cluster_m x m_per_unit: CTA `rank` of the cluster takes m_per_unit of them, the rank-th run. All
+// CTAs of a cluster walk the same number of tiles (they load B tiles for one another), so one
+// whose tiles lie past m_tiles still walks them: TMA reads zeros there and the epilogues write
+// nothing past the last row.
 #include <cstdint>
 
 namespace tlse::hopper {
@@ -23,15 +29,17 @@ struct TileSchedule {
   int m_per_unit = 1, n_per_unit = 1, k_per_unit = 1;
   int m_units = 0, n_units = 0, k_units = 0;
   int m_group = 1;
+  int cluster_m = 1;
 
   static int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
   static TileSchedule make(int m_tiles, int n_tiles, int k_tiles, int m_per_unit, int n_per_unit, int k_per_unit,
-                           int m_group) {
+                           int m_group, int cluster_m = 1) {
     TileSchedule s;
     s.m_tiles = m_tiles, s.n_tiles = n_tiles, s.k_tiles = k_tiles;
     s.m_per_unit = m_per_unit, s.n_per_unit = n_per_unit, s.k_per_unit = k_per_unit;
-    s.m_units = ceil_div(m_tiles, m_per_unit);
+    s.cluster_m = cluster_m;
+    s.m_units = ceil_div(m_tiles, int64_t(m_per_unit) * cluster_m);
     s.n_units = ceil_div(n_tiles, n_per_unit);
     s.k_units = ceil_div(k_tiles, k_per_unit);
     s.m_group = m_group < 1 ? 1 : m_group;
@@ -39,7 +47,10 @@ struct TileSchedule {
   }
   __host__ __device__ int units() const { return m_units * n_units * k_units; }
 
-  __host__ __device__ WorkUnit unit(int u) const {
+  /// Unit u as CTA `rank` of its cluster of ClusterM (the schedule's cluster_m, a constant here
+  /// so that the kernels without clusters compute no more than before) sees it.
+  template <int ClusterM = 1>
+  __host__ __device__ WorkUnit unit(int u, int rank = 0) const {
     WorkUnit w;
     w.k_unit = u % k_units;
     const int mn = u / k_units;
@@ -49,8 +60,8 @@ struct TileSchedule {
     const int group_m = m_units - first_m < m_group ? m_units - first_m : m_group;
     w.m_unit = first_m + in_group % group_m;
     w.n_unit = in_group / group_m;
-    w.m_begin = w.m_unit * m_per_unit;
-    w.m_end = w.m_begin + m_per_unit < m_tiles ? w.m_begin + m_per_unit : m_tiles;
+    w.m_begin = (w.m_unit * ClusterM + rank) * m_per_unit;
+    w.m_end = w.m_begin + m_per_unit < m_tiles || ClusterM > 1 ? w.m_begin + m_per_unit : m_tiles;
     w.n_begin = w.n_unit * n_per_unit;
     w.n_end = w.n_begin + n_per_unit < n_tiles ? w.n_begin + n_per_unit : n_tiles;
     w.k_begin = w.k_unit * k_per_unit;
