@@ -1,7 +1,7 @@
 #pragma once
 // Host side shared by the entry points: the error a call returns, argument checks, the launch of
-// the persistent kernel (one CTA per SM at most, alone or in clusters) and the split counts that keep the last wave
-// full.
+// the persistent kernel (one CTA per SM at most, alone or in clusters) and the split counts that
+// keep the last wave full.
 #include <cstdint>
 #include <cstdio>
 #include <string>

@@ -29,7 +29,6 @@ struct TileSchedule {
   int m_per_unit = 1, n_per_unit = 1, k_per_unit = 1;
   int m_units = 0, n_units = 0, k_units = 0;
   int m_group = 1;
-  int cluster_m = 1;
 
   static int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
@@ -38,7 +37,6 @@ struct TileSchedule {
     TileSchedule s;
     s.m_tiles = m_tiles, s.n_tiles = n_tiles, s.k_tiles = k_tiles;
     s.m_per_unit = m_per_unit, s.n_per_unit = n_per_unit, s.k_per_unit = k_per_unit;
-    s.cluster_m = cluster_m;
     s.m_units = ceil_div(m_tiles, int64_t(m_per_unit) * cluster_m);
     s.n_units = ceil_div(n_tiles, n_per_unit);
     s.k_units = ceil_div(k_tiles, k_per_unit);
@@ -47,8 +45,8 @@ struct TileSchedule {
   }
   __host__ __device__ int units() const { return m_units * n_units * k_units; }
 
-  /// Unit u as CTA `rank` of its cluster of ClusterM (the schedule's cluster_m, a constant here
-  /// so that the kernels without clusters compute no more than before) sees it.
+  /// Unit u as CTA `rank` of its cluster of ClusterM (make()'s cluster_m, a constant here so
+  /// that the kernels without clusters compute no more than before) sees it.
   template <int ClusterM = 1>
   __host__ __device__ WorkUnit unit(int u, int rank = 0) const {
     WorkUnit w;
