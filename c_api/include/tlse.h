@@ -64,33 +64,35 @@ typedef enum tlse_direction TLSE_INT_ENUM {
 /* filter_eps value meaning "the default of the dtype" (eps(dtype) / 32, as CCE). */
 #define TLSE_FILTER_EPS_AUTO (-1.0)
 
-/* Options of the cross-entropy calls. Start from tlse_cross_entropy_options_default(). Fields are
+/** Options of the cross-entropy calls. Start from tlse_cross_entropy_options_default(). Fields are
  * fixed-width integers and doubles so that the struct maps 1:1 to ctypes and Fortran bind(c). */
 typedef struct tlse_cross_entropy_options {
-  int64_t ignore_index; /* rows whose target equals it add 0 and cost no compute; default -100 */
-  int32_t reduction;    /* tlse_reduction; default TLSE_REDUCTION_MEAN */
-  int32_t accumulate;   /* backward: 1 adds into dE, dC, dbias instead of overwriting; default 0 */
-  int64_t shift;        /* row i is scored against targets[i + shift]; last `shift` rows ignored; default 0 */
-  double softcap;       /* logits become softcap * tanh(logit / softcap); 0 (default): off */
-  double z_loss;        /* adds z_loss * lse_i^2 to each row's loss; default 0 */
-  double filter_eps;    /* backward gradient filter; TLSE_FILTER_EPS_AUTO (default), 0: exact */
-  int32_t detect_non_finite; /* 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
-  int32_t reserved;     /* must be 0 */
-  void* workspace;      /* NULL (default): allocated and freed by each call; else see *_workspace_bytes */
-  size_t workspace_bytes;
-  uint64_t memory_budget; /* bytes of workspace a call may use (it picks the fastest algorithm that fits);
-                             0 (default): 256 MiB. docs/options.md */
+  int64_t ignore_index;      /**< rows whose target equals it add 0 and cost no compute; default -100 */
+  int32_t reduction;         /**< tlse_reduction; default TLSE_REDUCTION_MEAN */
+  int32_t accumulate;        /**< backward: 1 adds into dE, dC, dbias instead of overwriting; default 0 */
+  int64_t shift;             /**< row i is scored against targets[i + shift]; last `shift` rows ignored; default 0 */
+  double softcap;            /**< logits become softcap * tanh(logit / softcap); 0 (default): off */
+  double z_loss;             /**< adds z_loss * lse_i^2 to each row's loss; default 0 */
+  double filter_eps;         /**< backward gradient filter; TLSE_FILTER_EPS_AUTO (default), 0: exact */
+  int32_t detect_non_finite; /**< 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
+  int32_t reserved;          /**< must be 0 */
+  void* workspace;           /**< NULL (default): allocated and freed by each call; else see *_workspace_bytes */
+  size_t workspace_bytes;    /**< bytes at workspace (with a workspace) */
+  uint64_t memory_budget;    /**< bytes of workspace a call may use (it picks the fastest algorithm that fits);
+                                0 (default): 256 MiB. docs/options.md */
 } tlse_cross_entropy_options;
 
+/** Options of the contrastive calls. Start from tlse_contrastive_options_default(); the fields
+ * shared with tlse_cross_entropy_options mean the same there. */
 typedef struct tlse_contrastive_options {
-  double scale;         /* logit scale (1 / temperature), finite and >= 0; default 1 */
-  int32_t direction;    /* tlse_direction; default TLSE_DIRECTION_SYMMETRIC */
-  int32_t accumulate;   /* backward: 1 adds into dI, dT, dscale; default 0 */
-  int32_t detect_non_finite;
-  int32_t reserved;     /* must be 0 */
-  void* workspace;
-  size_t workspace_bytes;
-  uint64_t memory_budget; /* as tlse_cross_entropy_options.memory_budget */
+  double scale;              /**< logit scale (1 / temperature), finite and >= 0; default 1 */
+  int32_t direction;         /**< tlse_direction; default TLSE_DIRECTION_SYMMETRIC */
+  int32_t accumulate;        /**< backward: 1 adds into dI, dT, dscale; default 0 */
+  int32_t detect_non_finite; /**< 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
+  int32_t reserved;          /**< must be 0 */
+  void* workspace;           /**< NULL (default): allocated and freed by each call; else see *_workspace_bytes */
+  size_t workspace_bytes;    /**< bytes at workspace (with a workspace) */
+  uint64_t memory_budget;    /**< as tlse_cross_entropy_options.memory_budget */
 } tlse_contrastive_options;
 
 typedef struct tlse_context tlse_context;
@@ -205,7 +207,7 @@ TLSE_API tlse_status tlse_contrastive_backward(tlse_context* context, tlse_devic
 typedef enum tlse_comm_dtype TLSE_INT_ENUM { TLSE_COMM_F32 = 0, TLSE_COMM_F64 = 1, TLSE_COMM_I32 = 2, TLSE_COMM_I64 = 3 } tlse_comm_dtype;
 typedef enum tlse_comm_op TLSE_INT_ENUM { TLSE_COMM_SUM = 0, TLSE_COMM_MAX = 1 } tlse_comm_op;
 
-/* The caller's communication, for the *_distributed calls: any transport (MPI, NCCL, a framework's
+/** The caller's communication, for the *_distributed calls: any transport (MPI, NCCL, a framework's
  * process group) plugs in through these function pointers. Each returns 0 on success; nonzero
  * makes the call fail with TLSE_ERROR_RUNTIME naming the callback. `user` is passed back
  * unchanged. Buffers are memory of the call's `device` (device memory for TLSE_DEVICE_CUDA),
@@ -214,20 +216,20 @@ typedef enum tlse_comm_op TLSE_INT_ENUM { TLSE_COMM_SUM = 0, TLSE_COMM_MAX = 1 }
  * `stream` when a callback returns (ring_wait: when that transfer is done). Every rank calls the
  * same callbacks in the same order with the same sizes. */
 typedef struct tlse_communicator {
-  void* user;
-  int rank; /* this process' rank, in [0, size) */
-  int size; /* number of ranks */
-  /* Starts sending `bytes` bytes at `send` to rank+1 and receiving as many from rank-1 into
+  void* user; /**< passed back to every callback unchanged */
+  int rank;   /**< this process' rank, in [0, size) */
+  int size;   /**< number of ranks */
+  /** Starts sending `bytes` bytes at `send` to rank+1 and receiving as many from rank-1 into
    * `recv`; stores a handle for ring_wait in *handle. May return before the transfer is done. */
   int (*ring_start)(void* user, const void* send, void* recv, size_t bytes, void** handle);
-  /* Waits for the transfer `handle` and releases it. Called exactly once per ring_start. */
+  /** Waits for the transfer `handle` and releases it. Called exactly once per ring_start. */
   int (*ring_wait)(void* user, void* handle);
-  /* In place: `data` (`count` elements of tlse_comm_dtype `dtype`) becomes the element-wise
+  /** In place: `data` (`count` elements of tlse_comm_dtype `dtype`) becomes the element-wise
    * tlse_comm_op `op` over the ranks. Blocking. */
   int (*allreduce)(void* user, void* data, size_t count, int dtype, int op);
-  /* `recv` (size * bytes bytes) becomes every rank's `bytes` bytes at `send`, in rank order. Blocking. */
+  /** `recv` (size * bytes bytes) becomes every rank's `bytes` bytes at `send`, in rank order. Blocking. */
   int (*allgather)(void* user, const void* send, void* recv, size_t bytes);
-  /* As allgather, on host memory (a few hundred bytes: the ranks agree on the arguments). */
+  /** As allgather, on host memory (a few hundred bytes: the ranks agree on the arguments). */
   int (*allgather_host)(void* user, const void* send, void* recv, size_t bytes);
 } tlse_communicator;
 
