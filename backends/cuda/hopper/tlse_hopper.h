@@ -45,32 +45,32 @@ enum tlse_hop_status {
   TLSE_HOP_E_LAUNCH = 3    /* a CUDA error at configuration or launch */
 };
 
-/* One side of the implicit matrix: `count` rows of `depth` elements, row p at data + p * ld.
+/** One side of the implicit matrix: `count` rows of `depth` elements, row p at data + p * ld.
  * index maps a row to its id (logit model, softmax terms, gradient rows); NULL: the identity.
  * position (rows side only) maps a row to the position its outputs take (row LSE partials,
  * dscale sums), -1 for a row that takes no part (an ignored token); NULL: the identity. Outputs
  * by position have `positions` entries per split (0: count). */
 typedef struct {
-  const void* data;
-  int64_t ld;
-  int64_t count;
-  const int32_t* index;
-  const int32_t* position;
-  int64_t positions;
+  const void* data;        /**< row 0 */
+  int64_t ld;              /**< elements from a row to the next */
+  int64_t count;           /**< rows */
+  const int32_t* index;    /**< row -> id, or NULL (the identity) */
+  const int32_t* position; /**< row -> output position, -1: none (rows side only), or NULL (the identity) */
+  int64_t positions;       /**< output entries per split (0: count) */
 } tlse_hop_side;
 
-/* x = softcap(scale * dot + bias[col id]), or -inf where masked: col id >= valid_cols, or
+/** x = softcap(scale * dot + bias[col id]), or -inf where masked: col id >= valid_cols, or
  * row id + diagonal_offset == col id when exclude_diagonal. */
 typedef struct {
-  float scale;
-  const void* col_bias; /* by column id, in the input type (float for TLSE_HOP_TF32), or NULL */
-  float softcap;        /* 0: none */
-  int32_t exclude_diagonal;
-  int64_t diagonal_offset;
-  int64_t valid_cols; /* INT64_MAX: every column */
+  float scale;              /**< multiplies the dot product */
+  const void* col_bias;     /**< by column id, in the input type (float for TLSE_HOP_TF32), or NULL */
+  float softcap;            /**< 0: none */
+  int32_t exclude_diagonal; /**< 1: row id + diagonal_offset == col id is masked */
+  int64_t diagonal_offset;  /**< see exclude_diagonal */
+  int64_t valid_cols;       /**< col id >= valid_cols is masked; INT64_MAX: every column */
 } tlse_hop_logit_model;
 
-/* The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
+/** The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
  * row_max/row_sum[split y][rows positions] for the column splits (rows without a position
  * unwritten), col_max/col_sum/col_logit_sum[row group x][cols.count] for the row groups (each group
  * owns its column slots).
@@ -90,31 +90,36 @@ typedef struct {
  * exponentials 16-byte aligned, and a row's last 16-byte chunk is written whole (up to 7 values
  * past cols.count, within ld_exponentials, are not to be read). */
 typedef struct {
-  int32_t dtype;
-  tlse_hop_side rows, cols;
-  int64_t depth;
-  tlse_hop_logit_model logit;
-  float *row_max, *row_sum;
-  float *col_max, *col_sum; /* NULL: no column LSE */
-  float* col_logit_sum;     /* NULL: no column logit sums */
-  void* exponentials;       /* bf16; NULL: none kept */
-  int64_t ld_exponentials;
-  float* exponentials_shift;           /* with exponentials */
-  const float* exponentials_row_shift; /* with exponentials, or NULL */
-  int64_t max_col_splits, max_row_groups;
-  int64_t col_splits, row_groups; /* out: what the call used */
+  int32_t dtype;                       /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
+  tlse_hop_side rows;                  /**< the rows of the implicit matrix */
+  tlse_hop_side cols;                  /**< its columns */
+  int64_t depth;                       /**< elements of a row of either side */
+  tlse_hop_logit_model logit;          /**< the logit of each entry */
+  float* row_max;                      /**< [column split][rows positions]: the split's max of each row */
+  float* row_sum;                      /**< [column split][rows positions]: sum of exp(x - row_max) */
+  float* col_max;                      /**< [row group][cols.count]; NULL: no column LSE */
+  float* col_sum;                      /**< [row group][cols.count]: sum of exp(x - col_max) */
+  float* col_logit_sum;                /**< [row group][cols.count]; NULL: no column logit sums */
+  void* exponentials;                  /**< bf16; NULL: none kept */
+  int64_t ld_exponentials;             /**< elements from a row of exponentials to the next (a multiple of 8) */
+  float* exponentials_shift;           /**< with exponentials */
+  const float* exponentials_row_shift; /**< with exponentials, or NULL */
+  int64_t max_col_splits;              /**< at most this many column splits */
+  int64_t max_row_groups;              /**< at most this many row groups */
+  int64_t col_splits;                  /**< out: the column splits the call used */
+  int64_t row_groups;                  /**< out: the row groups the call used */
 } tlse_hop_forward_args;
 
-/* One position's share of dL/dx (by id): g * exp(x - lse) - (other id == target ? w : 0).
+/** One position's share of dL/dx (by id): g * exp(x - lse) - (other id == target ? w : 0).
  * g == NULL: the side contributes nothing. */
 typedef struct {
-  const float* lse;
-  const float* g;
-  const int32_t* target;
-  const float* w;
+  const float* lse;      /**< by position: the LSE of the position's softmax */
+  const float* g;        /**< by position: the weight of its softmax in the loss; NULL: the side adds nothing */
+  const int32_t* target; /**< by position: the id of its target on the other side */
+  const float* w;        /**< by position: the target's weight */
 } tlse_hop_terms;
 
-/* Gradient panel: columns [col_begin, col_end) of the cols side against every row. Writes
+/** Gradient panel: columns [col_begin, col_end) of the cols side against every row. Writes
  * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (TF32: float rounded to TF32)
  * and/or (TF32) its transpose GT[(col - col_begin) * ldgt + row], tiles left unwritten where
  * filtered; tile_mask[row tile][panel column tile] = 0 where every softmax entry of the 128 x 256
@@ -122,25 +127,28 @@ typedef struct {
  * line's last 16-byte chunk whole: the elements past the panel width (G) or the rows (GT) up to the
  * next 16 bytes, within ldg / ldgt, get zeros. */
 typedef struct {
-  int32_t dtype; /* TLSE_HOP_BF16 or TLSE_HOP_TF32 (fp16 cannot hold G unscaled) */
-  tlse_hop_side rows, cols;
-  int64_t depth;
-  tlse_hop_logit_model logit;
-  tlse_hop_terms row_terms, col_terms;
-  float filter_eps; /* 0: no filtering, tile_mask may be NULL */
-  int64_t col_begin, col_end;
-  void* G; /* NULL: no gradient rows wanted (only the sums) */
-  int64_t ldg;
-  void* GT; /* NULL: no transpose wanted (TLSE_HOP_TF32 only: bf16 products read G transposed) */
-  int64_t ldgt;
-  uint8_t* tile_mask;
-  float* row_dot_sums; /* [split y][rows positions]: sum over the split's columns of dL/dz * dot; or NULL */
-  float* col_sums;     /* [row tile][col_end - col_begin]: sum over the tile's rows of dL/dz; or NULL */
-  int64_t max_col_splits;
-  int64_t col_splits; /* out */
+  int32_t dtype;              /**< TLSE_HOP_BF16 or TLSE_HOP_TF32 (fp16 cannot hold G unscaled) */
+  tlse_hop_side rows;         /**< the rows of the implicit matrix */
+  tlse_hop_side cols;         /**< its columns */
+  int64_t depth;              /**< elements of a row of either side */
+  tlse_hop_logit_model logit; /**< the logit of each entry */
+  tlse_hop_terms row_terms;   /**< the rows' softmax terms */
+  tlse_hop_terms col_terms;   /**< the columns' softmax terms */
+  float filter_eps;           /**< 0: no filtering, tile_mask may be NULL */
+  int64_t col_begin;          /**< the panel's first column */
+  int64_t col_end;            /**< one past its last */
+  void* G;                    /**< NULL: no gradient rows wanted (only the sums) */
+  int64_t ldg;                /**< elements from a row of G to the next */
+  void* GT;                   /**< NULL: no transpose wanted (TLSE_HOP_TF32 only: bf16 products read G transposed) */
+  int64_t ldgt;               /**< elements from a row of GT to the next */
+  uint8_t* tile_mask;         /**< [row tile][panel column tile]: 0 where filtered */
+  float* row_dot_sums;        /**< [split y][rows positions]: sum over the split's columns of dL/dz * dot; or NULL */
+  float* col_sums;            /**< [row tile][col_end - col_begin]: sum over the tile's rows of dL/dz; or NULL */
+  int64_t max_col_splits;     /**< at most this many column splits */
+  int64_t col_splits;         /**< out: the column splits the call used */
 } tlse_hop_gradient_args;
 
-/* out = A (M x K) times B (K x N), fp32 accumulation. A(m, k) is a[m * lda + k], or a[k * lda + m]
+/** out = A (M x K) times B (K x N), fp32 accumulation. A(m, k) is a[m * lda + k], or a[k * lda + m]
  * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. bf16 takes
  * b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). With a
  * mask (a gradient panel's tile_mask, mask_ld columns), K steps of a G tile the panel filtered are
@@ -153,44 +161,46 @@ typedef struct {
  * K is split into at most max_k_splits fixed-order pieces when the output has too few tiles to
  * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace). */
 typedef struct {
-  int32_t dtype; /* TLSE_HOP_BF16 or TLSE_HOP_TF32 */
-  const void* a;
-  int64_t lda;
-  int32_t a_transposed;
-  const void* b;
-  int64_t ldb;
-  int32_t b_transposed;
-  int64_t M, N, K;
-  const uint8_t* mask;
-  int64_t mask_ld;
-  int32_t mask_of_a_transposed;
-  const float* row_scale; /* M factors, or NULL */
-  float* out_f32;
-  void* out;
-  const int32_t* out_index;
-  int64_t ldo;
-  int32_t accumulate;
-  void* workspace;
-  size_t workspace_bytes;
-  int64_t max_k_splits;
-  int64_t k_splits; /* out */
+  int32_t dtype;                /**< TLSE_HOP_BF16 or TLSE_HOP_TF32 */
+  const void* a;                /**< operand A */
+  int64_t lda;                  /**< elements from a row of `a` to the next, as stored */
+  int32_t a_transposed;         /**< 1: A(m, k) is a[k * lda + m] */
+  const void* b;                /**< operand B */
+  int64_t ldb;                  /**< elements from a row of `b` to the next, as stored */
+  int32_t b_transposed;         /**< 1: B(k, n) is b[k * ldb + n] */
+  int64_t M;                    /**< rows of the output */
+  int64_t N;                    /**< columns of the output */
+  int64_t K;                    /**< the depth of the product */
+  const uint8_t* mask;          /**< a gradient panel's tile_mask, or NULL */
+  int64_t mask_ld;              /**< the mask's columns */
+  int32_t mask_of_a_transposed; /**< 1: the mask is of G stored transposed (see above) */
+  const float* row_scale;       /**< M factors, or NULL */
+  float* out_f32;               /**< the output in fp32, or NULL */
+  void* out;                    /**< the output in the input type, or NULL */
+  const int32_t* out_index;     /**< out's row of product row m (out only), or NULL: m */
+  int64_t ldo;                  /**< elements from an output row to the next */
+  int32_t accumulate;           /**< 1: the product is added to the output */
+  void* workspace;              /**< the K splits' partials (tlse_hop_product_workspace), or NULL */
+  size_t workspace_bytes;       /**< bytes at workspace */
+  int64_t max_k_splits;         /**< at most this many K splits */
+  int64_t k_splits;             /**< out: the K splits the call used */
 } tlse_hop_product_args;
 
-/* 1 when the library can run on `device` (compute capability 9.0 and a driver that loads its
+/** 1 when the library can run on `device` (compute capability 9.0 and a driver that loads its
  * sm_90a code), 0 otherwise. Cheap after the first call. */
 TLSE_HOP_API int tlse_hop_device_supported(int device);
 
-/* Fills col_splits and row_groups as tlse_hop_lse_forward will use them (nothing is launched),
+/** Fills col_splits and row_groups as tlse_hop_lse_forward will use them (nothing is launched),
  * so that the caller can place the partials; 0 or an error code. */
 TLSE_HOP_API int tlse_hop_lse_forward_plan(tlse_hop_forward_args* args);
 TLSE_HOP_API int tlse_hop_lse_forward(tlse_hop_forward_args* args, void* cuda_stream);
 TLSE_HOP_API int tlse_hop_gradient(tlse_hop_gradient_args* args, void* cuda_stream);
 TLSE_HOP_API int tlse_hop_product(tlse_hop_product_args* args, void* cuda_stream);
 
-/* Bytes of `workspace` tlse_hop_product needs for these sizes (0 when K is not split). */
+/** Bytes of `workspace` tlse_hop_product needs for these sizes (0 when K is not split). */
 TLSE_HOP_API size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits, int device);
 
-/* The reason for the last non-zero return of this thread's last call, or "". */
+/** The reason for the last non-zero return of this thread's last call, or "". */
 TLSE_HOP_API const char* tlse_hop_error_string(void);
 
 /* Tile shapes, for the caller's workspace plans: the gradient panel's tiles and the products' K step. */
