@@ -529,7 +529,7 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 /// \param dloss gradient with respect to the loss, shaped like the loss (1 for the mean loss of a
 ///        training step)
 /// \param loss output view of accumulator_t<T>: (N) with Reduction::none, (1) otherwise
-/// \param dE (N x D), dC (V x D), dbias (V): output views of T, each may be empty (not computed)
+/// \param dE, dC, dbias output views of T, (N x D), (V x D) and (V); each may be empty (not computed)
 /// \param opts see CrossEntropyOptions; `accumulate` adds into dE, dC and dbias; a lent workspace
 ///        holds cross_entropy_workspace_bytes(exec, E, C, opts)
 /// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,

@@ -77,7 +77,7 @@ constexpr int callback_dtype() {
 template <class Exec>
 class CallbackCommunicator {
  public:
-  using execution_space = Exec;
+  using execution_space = Exec;  ///< where the distributed calls compute
 
   /// Throws std::invalid_argument when a callback is NULL or rank/size are out of range.
   CallbackCommunicator(const Exec& exec, const Callbacks& callbacks) : exec_(exec), cb_(callbacks) {
@@ -89,17 +89,18 @@ class CallbackCommunicator {
                                   std::to_string(cb_.size) + " must satisfy 0 <= rank < size");
   }
 
-  int rank() const { return cb_.rank; }
-  int size() const { return cb_.size; }
-  const Exec& exec() const { return exec_; }
-  const Callbacks& callbacks() const { return cb_; }
+  int rank() const { return cb_.rank; }               ///< this process' rank
+  int size() const { return cb_.size; }               ///< the number of ranks
+  const Exec& exec() const { return exec_; }          ///< the execution space instance
+  const Callbacks& callbacks() const { return cb_; }  ///< the caller's callbacks
 
   /// A ring transfer in flight: wait() calls ring_wait. Destroying an unfinished request waits
   /// for it (ignoring a failure: destructors do not throw), since the buffers must outlive it.
   class Request {
    public:
     Request() = default;
-    Request(Request&& o) noexcept { *this = std::move(o); }
+    Request(Request&& o) noexcept { *this = std::move(o); }  ///< takes o's transfer over
+    /// Swaps the transfers.
     Request& operator=(Request&& o) noexcept {
       std::swap(cb_, o.cb_);
       std::swap(handle_, o.handle_);

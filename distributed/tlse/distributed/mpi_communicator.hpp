@@ -50,10 +50,13 @@ inline int mpi_count(std::size_t n, const char* what) {
 
 }  // namespace impl
 
+/// A communicator over an MPI communicator, with the execution space the distributed calls
+/// compute on: ring steps as MPI_Isend / MPI_Irecv pairs (through host staging buffers unless
+/// `gpu_aware`), reductions as MPI_Allreduce.
 template <class Exec>
 class MpiCommunicator {
  public:
-  using execution_space = Exec;
+  using execution_space = Exec;  ///< where the distributed calls compute
 
   /// `comm` stays owned by the caller and must outlive this object. `gpu_aware`: hand device
   /// pointers to MPI (needs a CUDA-aware MPI); ignored for host execution spaces.
@@ -63,11 +66,11 @@ class MpiCommunicator {
     impl::mpi_check(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
   }
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const Exec& exec() const { return exec_; }
-  MPI_Comm comm() const { return comm_; }
-  bool gpu_aware() const { return gpu_aware_; }
+  int rank() const { return rank_; }             ///< this process' rank in comm()
+  int size() const { return size_; }             ///< the number of ranks
+  const Exec& exec() const { return exec_; }     ///< the execution space instance
+  MPI_Comm comm() const { return comm_; }        ///< the caller's communicator
+  bool gpu_aware() const { return gpu_aware_; }  ///< whether MPI gets device pointers
 
   /// A ring transfer in flight. wait() blocks until the received view holds the data (and the
   /// sent one may be reused). Destroying an unfinished request waits for it: MPI must be done
@@ -75,7 +78,8 @@ class MpiCommunicator {
   class Request {
    public:
     Request() = default;
-    Request(Request&& o) noexcept { *this = std::move(o); }
+    Request(Request&& o) noexcept { *this = std::move(o); }  ///< takes o's transfer over
+    /// Swaps the transfers.
     Request& operator=(Request&& o) noexcept {
       std::swap(reqs_[0], o.reqs_[0]);
       std::swap(reqs_[1], o.reqs_[1]);
@@ -88,6 +92,7 @@ class MpiCommunicator {
     ~Request() {
       if (reqs_[0] != MPI_REQUEST_NULL || reqs_[1] != MPI_REQUEST_NULL) MPI_Waitall(2, reqs_, MPI_STATUSES_IGNORE);
     }
+    /// Blocks until the transfer is done; throws std::runtime_error naming MPI's failure.
     void wait() {
       impl::mpi_check(MPI_Waitall(2, reqs_, MPI_STATUSES_IGNORE), "MPI_Waitall (ring step)");
       if (recv_stage_.size() > 0) {

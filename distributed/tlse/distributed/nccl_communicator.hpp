@@ -56,9 +56,12 @@ struct TransferStream {
 
 }  // namespace impl
 
+/// A communicator over an NCCL communicator, for Kokkos::Cuda: ring steps as ncclSend / ncclRecv
+/// pairs on a transfer stream of its own (so that they overlap the compute on exec()), reductions
+/// as NCCL all-reduces.
 class NcclCommunicator {
  public:
-  using execution_space = Kokkos::Cuda;
+  using execution_space = Kokkos::Cuda;  ///< where the distributed calls compute
 
   /// `comm` stays owned by the caller and must outlive this object.
   NcclCommunicator(const Kokkos::Cuda& exec, ncclComm_t comm)
@@ -67,27 +70,30 @@ class NcclCommunicator {
     impl::nccl_check(ncclCommCount(comm, &size_), "ncclCommCount");
   }
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const Kokkos::Cuda& exec() const { return exec_; }
-  ncclComm_t comm() const { return comm_; }
+  int rank() const { return rank_; }                  ///< this process' rank in comm()
+  int size() const { return size_; }                  ///< the number of ranks
+  const Kokkos::Cuda& exec() const { return exec_; }  ///< the execution space instance
+  ncclComm_t comm() const { return comm_; }           ///< the caller's communicator
 
   /// A ring transfer in flight on the transfer stream; wait() blocks until it is done (an event
   /// recorded after it, so that waiting does not also wait for transfers posted later).
   class Request {
    public:
     Request() = default;
+    /// The transfers posted so far on `s`'s stream (an event recorded after them).
     explicit Request(std::shared_ptr<impl::TransferStream> s) : stream_(std::move(s)) {
       impl::cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
       impl::cuda_check(cudaEventRecord(done_, stream_->stream), "cudaEventRecord");
     }
-    Request(Request&& o) noexcept { *this = std::move(o); }
+    Request(Request&& o) noexcept { *this = std::move(o); }  ///< takes o's transfer over
+    /// Swaps the transfers.
     Request& operator=(Request&& o) noexcept {
       std::swap(stream_, o.stream_);
       std::swap(done_, o.done_);
       return *this;
     }
     ~Request() { release(); }
+    /// Blocks until the transfer is done; throws std::runtime_error naming CUDA's failure.
     void wait() {
       if (done_) impl::cuda_check(cudaEventSynchronize(done_), "cudaEventSynchronize (ring step)");
       release();
