@@ -54,5 +54,4 @@ cp -r "$root/python/tiledlse" "$root/python/tests" "$carry/python/"
 find "$carry/python" -name __pycache__ -prune -exec rm -rf {} +
 ldd "$carry"/test_* | awk '/=> \/(usr\/)?lib/ {print $3}' | sort -u | { grep -E 'libbenchmark|libgtest' || true; } | xargs -r -I{} cp -L {} "$carry/"
 tar -czf "$build/carry.tar.gz" -C "$build" carry
-md5sum <"$build/carry.tar.gz" | cut -d' ' -f1 >"$carry/.archive-md5"  # the folder is this archive (carry_dir.sh)
 du -sh "$carry" "$build/carry.tar.gz"
