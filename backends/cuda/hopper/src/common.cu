@@ -1,8 +1,10 @@
 // Entry points and helpers that belong to no kernel family: errors, the device check, the launch
 // shape model.
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <mutex>
-#include <vector>
+#include <utility>
 
 #include "launch.cuh"
 #include "staged_store.cuh"
@@ -19,39 +21,39 @@ int fail(int code, const std::string& why) {
   return code;
 }
 
+namespace {
+/// compute() of `device` for `key` (the function or kernel asking), computed once per process:
+/// device attributes and occupancies do not change while it runs.
+int once_per_device(int device, const void* key, const std::function<int()>& compute) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find({device, key});
+  if (found != known.end()) return found->second;
+  return known[{device, key}] = compute();
+}
+}  // namespace
+
 int multiprocessors() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  static std::mutex mutex;
-  static std::vector<int> counts;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (int(counts.size()) <= device) counts.resize(device + 1, 0);
-  if (counts[device] == 0) {
+  return once_per_device(device, reinterpret_cast<const void*>(&multiprocessors), [&] {
     int n = 0;
     cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    counts[device] = n > 0 ? n : 1;
-  }
-  return counts[device];
+    return n > 0 ? n : 1;
+  });
 }
 
 int active_clusters(const void* kernel, int block, int smem, int cluster) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  struct Entry {
-    const void* kernel;
-    int device, count;
-  };
-  static std::mutex mutex;
-  static std::vector<Entry> known;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const Entry& e : known)
-    if (e.kernel == kernel && e.device == device) return e.count;
-  cudaLaunchAttribute attributes[2];
-  const cudaLaunchConfig_t config = dependent_config(attributes, cluster, block, smem, nullptr, cluster);
-  int count = 0;
-  if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) count = 0;
-  known.push_back({kernel, device, count});
-  return count;
+  return once_per_device(device, kernel, [&] {
+    cudaLaunchAttribute attributes[2];
+    const cudaLaunchConfig_t config = dependent_config(attributes, cluster, block, smem, nullptr, cluster);
+    int count = 0;
+    if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) count = 0;
+    return count;
+  });
 }
 
 int check_operand(const char* call, const char* name, const void* data, int64_t rows, int64_t depth, int64_t ld,
@@ -130,19 +132,13 @@ int StagedStore::describe(const char* call, CUtensorMap& map, CUtensorMapDataTyp
 using namespace tlse::hopper;
 
 extern "C" int tlse_hop_device_supported(int device) {
-  static std::mutex mutex;
-  static std::vector<int> known;  // 0 unknown, 1 supported, 2 not
-  std::lock_guard<std::mutex> lock(mutex);
   if (device < 0) return 0;
-  if (int(known.size()) <= device) known.resize(device + 1, 0);
-  if (known[device] == 0) {
+  return once_per_device(device, reinterpret_cast<const void*>(&tlse_hop_device_supported), [&] {
     int major = 0, minor = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-                    major == 9 && minor == 0;
-    known[device] = ok ? 1 : 2;
-  }
-  return known[device] == 1;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+           minor == 0;
+  });
 }
 
 extern "C" const char* tlse_hop_error_string(void) { return last_error().c_str(); }

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       const auto at = ClusterPlace<Config>::here();
       auto write = cutlass::make_producer_start_state<Pipeline>();
       for (int u = at.first_unit(); u < sched.units(); u += at.unit_stride())
-        Loop::load_unit(kp.mainloop, ss.mainloop, pipeline, write, at.unit(sched, u), keep);
+        Loop::load_unit(kp.mainloop, ss.mainloop, pipeline, write, at.unit(sched, u), at.rank, keep);
       pipeline.producer_tail(write);
     }
   } else {

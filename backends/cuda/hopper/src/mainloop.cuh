@@ -27,17 +27,18 @@ struct Mainloop {
   static constexpr int BM = Config::BM, BN = Config::BN, BK = Config::BK;
 
   /// Producer (one thread): loads every kept K step of the unit's tiles, in the consumers' order.
+  /// In a cluster, this CTA (`rank` in it) loads slice `rank` of each B tile into every CTA of
+  /// the cluster.
   template <class Keep>
   __device__ static void load_unit(const MainloopParams<Config>& p, typename Config::MainloopStorage& smem,
-                                   Pipeline& pipeline, PipelineState& write, const WorkUnit& u, Keep&& keep) {
+                                   Pipeline& pipeline, PipelineState& write, const WorkUnit& u, int rank,
+                                   Keep&& keep) {
     Tensor mA = p.tma_a.get_tma_tensor(make_shape(p.M, p.K));
     Tensor mB = p.tma_b.get_tma_tensor(make_shape(p.N, p.K));
     Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _));  // (BM, BK, m, k)
     Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _));  // (BN, BK, n, k)
     Tensor sA = make_tensor(make_smem_ptr(smem.A.begin()), typename Config::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.B.begin()), typename Config::SmemLayoutB{});
-    // In a cluster, this CTA loads slice `rank` of each B tile into every CTA of the cluster.
-    const int rank = Config::CLUSTER_M > 1 ? int(block_rank_in_cluster()) : 0;
     constexpr uint16_t everyone = uint16_t((1 << Config::CLUSTER_M) - 1);
     auto tma_a = p.tma_a.get_slice(0);
     auto tma_b = p.tma_b.get_slice(rank);
