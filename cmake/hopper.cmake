@@ -5,6 +5,7 @@
 #   TiledLSE_HOPPER_CUDA_COMPILER  nvcc >= 12.4 (default: CMAKE_CUDA_COMPILER, or nvcc on PATH)
 #   CUTLASS_INCLUDE_DIR            the folder holding cute/tensor.hpp (CUTLASS >= 3.5)
 #   TiledLSE_HOPPER_HOST_COMPILER  host compiler for that nvcc (default: g++)
+#   TiledLSE_HOPPER_STRICT         fail the build where ptxas serializes wgmma (default OFF: a warning)
 include(ExternalProject)
 set(TiledLSE_HOPPER_CUDA_COMPILER "${CMAKE_CUDA_COMPILER}" CACHE FILEPATH "CUDA >= 12.4 compiler of the Hopper kernels")
 if(NOT TiledLSE_HOPPER_CUDA_COMPILER)
@@ -12,6 +13,7 @@ if(NOT TiledLSE_HOPPER_CUDA_COMPILER)
   set(TiledLSE_HOPPER_CUDA_COMPILER "${TiledLSE_HOPPER_NVCC}" CACHE FILEPATH "" FORCE)
 endif()
 set(TiledLSE_HOPPER_HOST_COMPILER "g++" CACHE STRING "host compiler of the Hopper kernels' nvcc")
+option(TiledLSE_HOPPER_STRICT "Fail the build where ptxas serializes wgmma (OFF: a warning)" OFF)
 find_path(CUTLASS_INCLUDE_DIR cute/tensor.hpp DOC "CUTLASS/CuTe headers (include/ of CUTLASS >= 3.5)")
 if(NOT TiledLSE_HOPPER_CUDA_COMPILER OR NOT CUTLASS_INCLUDE_DIR)
   message(FATAL_ERROR "TiledLSE_ENABLE_HOPPER needs TiledLSE_HOPPER_CUDA_COMPILER (nvcc >= 12.4) and "
@@ -28,7 +30,7 @@ ExternalProject_Add(tiledlse_hopper_build
              -DCMAKE_CUDA_HOST_COMPILER=${TiledLSE_HOPPER_HOST_COMPILER}
              -DCMAKE_CXX_COMPILER=${TiledLSE_HOPPER_HOST_COMPILER}
              -DCUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR} -DCMAKE_BUILD_TYPE=Release
-             -DTiledLSE_HOPPER_TESTS=${TiledLSE_ENABLE_TESTS}
+             -DTiledLSE_HOPPER_TESTS=${TiledLSE_ENABLE_TESTS} -DTiledLSE_HOPPER_STRICT=${TiledLSE_HOPPER_STRICT}
   CMAKE_GENERATOR ${CMAKE_GENERATOR}
   BUILD_ALWAYS ON  # the sources are part of this tree: let the inner build decide what is stale
   INSTALL_COMMAND ""

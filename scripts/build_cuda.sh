@@ -33,7 +33,7 @@ fi
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
   -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
   -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON -DTiledLSE_ENABLE_MPI=ON "${nccl[@]}" \
-  "${hopper[@]/#/-D}" >/dev/null
+  -DTiledLSE_HOPPER_STRICT=ON "${hopper[@]/#/-D}" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 [ "${1:-}" = --compile-only ] && exit 0
 

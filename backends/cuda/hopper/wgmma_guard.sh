@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Compiler launcher of the Hopper kernels (CUDA_COMPILER_LAUNCHER): runs one compile and looks at
+# what ptxas said. Where ptxas serializes wgmma ("Potential Performance Loss: wgmma.mma_async
+# instructions are serialized ...", infos C7510-C7520: a register of an in-flight wgmma written,
+# a wgmma pipeline across a function call, too few registers), that kernel waits for each wgmma
+# before issuing the next: correct, but its tensor cores run a fraction of their rate, and the
+# build says so only in an info line. Seen twice here (2026-11-26 and -27, docs/performance.md).
+#   wgmma_guard.sh error|warn <compile command...>
+# error: the compile fails (scripts/build_cuda.sh, CI); warn: it succeeds with a warning line.
+set -uo pipefail
+mode=$1
+shift
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+"$@" 2>"$log"
+status=$?
+cat "$log" >&2
+if grep -q "wgmma.mma_async instructions are serialized" "$log"; then
+  kernels=$(grep -o "in the function '[^']*'" "$log" | sort -u | wc -l)
+  echo "wgmma_guard: ptxas serialized the wgmma of $kernels kernel(s) (the C75xx infos above)" >&2
+  [ "$mode" = error ] && [ "$status" = 0 ] && status=1
+fi
+exit $status
