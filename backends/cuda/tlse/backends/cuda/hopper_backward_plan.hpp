@@ -151,9 +151,10 @@ struct FusedBackwardPlan {
   /// (2026-11-23, N=8192 D=4096 V=128256, panels of 5376): 80 us per tile against 0.67 us per K
   /// step in the long products of the training step, so about 36 steps. Since the epilogue adds
   /// with red.global (2026-11-24) the same panel measures about 6 (0.549 ms for 8 waves of 80
-  /// steps at dB's 0.8 us per step); with 6 the model picks narrower panels at some budgets
-  /// (V=256000 at 256 MiB: 7424 instead of 8960), not measured yet, so the widths stay those
-  /// measured with 36.
+  /// steps at dB's 0.8 us per step), but the narrower panels the model picks with 6 were slower
+  /// where they differ (H200, 2026-11-27: V=256000 at 256 MiB 7424 columns instead of 8960,
+  /// N=4096 at 512 MiB, N=8192 at 384 MiB: fwd+bwd 0.3-1.3% longer;
+  /// docs/data/hopper_accumulate_steps_h200_2026-11-27.txt), so 36 it stays.
   static constexpr std::int64_t ACCUMULATE_STEPS = 36;
   /// A launch's start and drain, in K steps (a few microseconds per kernel).
   static constexpr std::int64_t LAUNCH_STEPS = 8;
