@@ -42,7 +42,12 @@ struct GradientEpilogue {
   using Params = GradientParams<T>;
   struct SharedStorage {
     TermsAt other[2][TILE_N];  // the column side's terms, a slot per tile's parity
-    float col_sum[8][TILE_N];
+    // The tile's ModelColumns (General) are read while its dL/dz are computed, col_sum after:
+    // they share the bytes (shared memory has no room for both; tile() orders them by barriers).
+    union {
+      float col_sum[8][TILE_N];
+      ModelColumn model_columns[TILE_N];
+    };
     int flags[2][8];
     StagedStore::Storage staged;  // G's and G^T's boxes on their way out
   };
@@ -57,6 +62,7 @@ struct GradientEpilogue {
   int parity = 0;  // alternates s.other's slots and the flag words between tiles
   float row_dot[ROWS];
   TermsAt next_other;  // column ct's softmax terms for the tile whose products run
+  ModelColumn next_column;  // column ct's for the tile whose products run, General only
 
   __device__ GradientEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
       : p(params), s(storage), ct(consumer_thread) {}
@@ -68,12 +74,19 @@ struct GradientEpilogue {
     for (int r = 0; r < ROWS; ++r) row_dot[r] = 0.f;
   }
 
-  /// Before tile (m, n)'s products: the column side's terms of column ct (their loads' latency
-  /// hides behind the products).
+  /// Before tile (m, n)'s products: the column side's terms of column ct, and its general model
+  /// where the tile needs it (their loads' latency hides behind the products).
   __device__ void prefetch(const WorkUnit&, int, int n) {
     next_other = TermsAt{};
     const int64_t col = p.col_begin + int64_t(n) * TILE_N + ct;
     if (p.col_terms.active() && col < p.col_end) next_other.load(p.col_terms, p.cols.id(col));
+    if constexpr (General)
+      if (general(col - ct)) next_column = p.logit.column(p.cols, col, p.col_end);
+  }
+
+  /// Whether the tile at col0 takes the general loop (in a kernel that has one).
+  __device__ __forceinline__ bool general(int64_t col0) const {
+    return !(p.logit.simple_columns(col0, TILE_N) && col0 + TILE_N <= p.col_end);
   }
 
   template <class Acc>
@@ -83,24 +96,33 @@ struct GradientEpilogue {
     const float eps = p.tile_mask ? p.filter_eps : 0.f;
     // s.other's slot of this tile's parity was last read two tiles ago, before every thread
     // reached the previous tile's barrier; s.col_sum is read until the end of the previous tile,
-    // so one barrier serves both.
+    // so one barrier serves both. The model's columns share col_sum's bytes: put after every
+    // thread is done with the previous tile's, read after the barrier.
+    const bool general_tile = General && general(col0);
+    if (general_tile) {
+      consumer_sync();
+      s.model_columns[ct] = next_column;
+    }
     if (other_on) {
       s.other[parity][ct] = next_other;
       consumer_sync();
-    } else if (p.col_sums) {
+    } else if (p.col_sums || general_tile) {
       consumer_sync();
     }
     const bool inside = col0 + TILE_N <= p.col_end;
     bool significant;
     if constexpr (General) {
-      if (p.logit.simple_columns(col0, TILE_N) && inside)
-        significant = simple_sides<false>(acc, c, row0, col0, eps);
+      if (general_tile)
+        significant = dlogits(acc, c, row0, s.model_columns, eps);
       else
-        significant = dlogits(acc, c, row0, col0, eps);
+        significant = simple_sides<false>(acc, c, row0, col0, eps);
     } else {
       significant = inside ? simple_sides<false>(acc, c, row0, col0, eps) : simple_sides<true>(acc, c, row0, col0, eps);
     }
-    if (p.col_sums) column_sums(acc, c, m, col0);
+    if (p.col_sums) {
+      if (general_tile) consumer_sync();  // every thread is done with the model's columns
+      column_sums(acc, c, m, col0);
+    }
     bool keep = true;
     if (p.tile_mask) {
       keep = consumers_any(significant, s.flags[parity], ct);
@@ -201,36 +223,45 @@ struct GradientEpilogue {
     return !(pmax < eps) || hit;
   }
 
-  /// acc: dot products -> dL/dz under the general logit model (bias, softcap, masks, column ids; a
-  /// row or column that takes no part gets 0). Returns whether any entry survives gradient
-  /// filtering.
+  /// acc: dot products -> dL/dz under the general logit model (bias, softcap, masks, column ids),
+  /// the tile's columns staged in cols; a row or column that takes no part gets 0. Column by
+  /// column, both rows of the thread from one shared load. Returns whether any entry survives
+  /// gradient filtering.
   template <class Acc>
-  __device__ __forceinline__ bool dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
+  __device__ __forceinline__ bool dlogits(Acc& acc, const Fragment& c, int64_t row0, const ModelColumn* cols,
+                                          float eps) {
     const bool other_on = p.col_terms.active(), own_on = p.row_terms.active();
     bool significant = false;
+    bool row_ok[ROWS];
+    int32_t rid[ROWS], excluded[ROWS];
+    TermsAt own[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);
-      const bool row_ok = p.rows.output(row) >= 0;
-      const int32_t rid = row_ok ? int32_t(p.rows.id(row)) : 0;
-      TermsAt own;
-      if (row_ok && own_on) own.load(p.row_terms, rid);
+      row_ok[r] = p.rows.output(row) >= 0;
+      rid[r] = row_ok[r] ? int32_t(p.rows.id(row)) : 0;
+      excluded[r] = row_ok[r] ? p.logit.excluded_id(rid[r]) : -2;
+      if (row_ok[r] && own_on) own[r].load(p.row_terms, rid[r]);
+    }
 #pragma unroll
-      for (int j = 0; j < Fragment::COLS; ++j) {
-        const int jc = c.col(j);
-        const int64_t col = col0 + jc;
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      const int jc = c.col(j);
+      const ModelColumn col = cols[jc];
+      TermsAt other;
+      if (other_on) other = s.other[parity][jc];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
         float& v = Fragment::at(acc, r, j);
         const float dot = v;
         float dz = 0.f;
-        if (row_ok && col < p.col_end) {
-          const int32_t cid = int32_t(p.cols.id(col));
-          const float x = p.logit(dot, rid, cid);
+        if (row_ok[r]) {
+          const float x = p.logit.at(dot, col, excluded[r]);
           if (x != NEG_INF) {
-            float share = own_on ? own.share(x, cid, eps, significant) : 0.f;
-            if (other_on) share += s.other[parity][jc].share(x, rid, eps, significant);
+            float share = own_on ? own[r].share(x, col.id, eps, significant) : 0.f;
+            if (other_on) share += other.share(x, rid[r], eps, significant);
             dz = share * p.logit.dx_dz(x);
           }
-          row_dot[r] += dz * dot;
+          row_dot[r] += dz * dot;  // past the panel's end dot is 0 (TMA fills it with zeros)
         }
         v = dz;
       }

@@ -58,6 +58,17 @@ __device__ __forceinline__ float nan_max(float a, float b) {
   return m;
 }
 
+/// What the general logit model takes of one column: its id, -1 where the column is masked (past
+/// the side's end, or at or past valid_cols), and its bias (0 without one). The epilogues' general
+/// loops read a tile's from shared memory, where each consumer thread puts the column it loaded
+/// before the tile's products: read from global memory entry by entry, the ids and biases of a
+/// thread's 64 columns were hoisted into registers that ptxas spilled (720-760 bytes per thread, in
+/// the code every tile of the kernel runs).
+struct ModelColumn {
+  int32_t id;
+  float bias;
+};
+
 template <class T>
 struct DeviceLogitModel {
   float scale = 1;
@@ -79,10 +90,24 @@ struct DeviceLogitModel {
     return col0 + tile_n <= simple_cols;
   }
 
-  __device__ __forceinline__ float operator()(float dot, int64_t row_id, int64_t col_id) const {
-    if (col_id >= valid_cols || (exclude_diagonal && row_id + diagonal_offset == col_id)) return NEG_INF;
-    float z = scale * dot;
-    if (col_bias) z += float(col_bias[col_id]);
+  /// Position col of the column side, of which [0, end) take part, as the general model sees it.
+  __device__ __forceinline__ ModelColumn column(const DeviceSide& cols, int64_t col, int64_t end) const {
+    const int64_t id = col < end ? cols.id(col) : valid_cols;
+    if (id >= valid_cols) return {-1, 0.f};
+    return {int32_t(id), col_bias ? float(col_bias[id]) : 0.f};  // ids and counts < 2^31
+  }
+  /// The column id that the diagonal mask takes out of the row with id row_id; -2 (no column's)
+  /// where there is none.
+  __device__ __forceinline__ int32_t excluded_id(int64_t row_id) const {
+    if (!exclude_diagonal) return -2;
+    const int64_t id = row_id + diagonal_offset;
+    return id >= 0 && id < valid_cols && id <= INT32_MAX ? int32_t(id) : -2;
+  }
+  /// The logit of a dot product in column col of a row whose diagonal takes out column id
+  /// `excluded` (excluded_id).
+  __device__ __forceinline__ float at(float dot, ModelColumn col, int32_t excluded) const {
+    if (col.id < 0 || col.id == excluded) return NEG_INF;
+    const float z = scale * dot + col.bias;
     return softcap > 0.f ? capped(z) : z;
   }
   /// softcap tanh(z / softcap) (softcap > 0), as LogitModel computes it (tile_problem.hpp); a -inf

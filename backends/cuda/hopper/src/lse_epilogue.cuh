@@ -28,10 +28,10 @@ struct LseForwardParams {
   const float* exponentials_row_shift;  // by row, or nullptr (every part under its own max)
 };
 
-/// General: some tile may need the general logit model (bias, softcap, masks, column ids). Without
-/// it every column takes x = scale * dot (the host checked that the model is that simple for all
-/// of them), and the kernel has no general path: that path's register demand made ptxas spill
-/// about 1 KB per thread into the code every tile runs.
+/// General: some tile may need the general logit model (bias, softcap, masks, column ids; the
+/// tile's ModelColumns in shared memory). Without it every column takes x = scale * dot
+/// (the host checked that the model is that simple for all of them), or for the row LSE alone
+/// x = capped(scale * dot), and the kernel has no general path.
 template <class T, bool Columns, bool KeepExponentials = false, bool General = true>
 struct LseForwardEpilogue {
   using Params = LseForwardParams<T>;
@@ -43,6 +43,7 @@ struct LseForwardEpilogue {
     float row_shift[KeepExponentials ? TILE_M : 1];  // the row tile's shifts (-inf: none)
     // the kept exponentials' boxes on their way out
     std::conditional_t<KeepExponentials, StagedStore::Storage, NoStaging> staged;
+    ModelColumn model_columns[General ? TILE_N : 1];  // the tile's, where it takes the general model
   };
   static constexpr int ROWS = Fragment::ROWS;
 
@@ -52,15 +53,20 @@ struct LseForwardEpilogue {
   float run_max[ROWS], run_sum[ROWS];
   float kept_shift[ROWS];  // with KeepExponentials: the shifts the tile's kept exponentials are under
   float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
+  ModelColumn next_column;                                     // column ct's, General only
 
   __device__ LseForwardEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
       : p(params), s(storage), ct(consumer_thread) {}
 
   __device__ static bool keep(const Params&, int, int) { return true; }
 
-  /// Before tile (m, n)'s products: column ct's slot as the unit's earlier row tiles left it (the
-  /// load's latency hides behind the products).
+  /// Before tile (m, n)'s products: column ct's slot as the unit's earlier row tiles left it, and
+  /// its general model where the tile needs it (the loads' latency hides behind the products).
   __device__ void prefetch(const WorkUnit& w, int m, int n) {
+    if constexpr (General) {
+      const int64_t col0 = int64_t(n) * TILE_N;
+      if (!p.logit.simple_columns(col0, TILE_N)) next_column = p.logit.column(p.cols, col0 + ct, p.cols.count);
+    }
     if constexpr (Columns) {
       const int64_t col = int64_t(n) * TILE_N + ct;
       slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;
@@ -96,36 +102,72 @@ struct LseForwardEpilogue {
       if (p.col_max && !p.col_logit_sum && col0 + TILE_N <= p.cols.count && one_exponential(acc, c, w, m, row0, col0))
         return;
     if constexpr (General) {
-      if (p.logit.simple_columns(col0, TILE_N))
-        rows<true>(acc, c, row0, col0);
-      else
-        rows<false>(acc, c, row0, col0);
+      if (p.logit.simple_columns(col0, TILE_N)) {
+        rows(acc, c, row0, col0);
+      } else {
+        consumer_sync();  // every thread is done with the previous general tile's columns
+        s.model_columns[ct] = next_column;
+        consumer_sync();
+        general_rows(acc, c, row0, s.model_columns);
+      }
     } else {
       bool capped = false;  // every column takes x = capped(scale * dot): the row LSE alone
       if constexpr (!Columns) capped = p.logit.softcap > 0.f;
       const bool inside = col0 + TILE_N <= p.cols.count;  // else the last tile: past the columns is -inf
       if (capped)
-        inside ? rows<true, false, true>(acc, c, row0, col0) : rows<true, true, true>(acc, c, row0, col0);
+        inside ? rows<false, true>(acc, c, row0, col0) : rows<true, true>(acc, c, row0, col0);
       else
-        inside ? rows<true>(acc, c, row0, col0) : rows<true, true>(acc, c, row0, col0);
+        inside ? rows(acc, c, row0, col0) : rows<true>(acc, c, row0, col0);
     }
     if constexpr (KeepExponentials) keep_tile(acc, c, row0, m, n);
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
-  /// Turns the tile into logits (Simple: columns of a simple model, x = scale * dot, or with
-  /// Capped x = capped(scale * dot); Edge: some lie past the columns) and folds each of the
-  /// thread's rows into its running state; a row that takes no part becomes -inf.
-  template <bool Simple, bool Edge = false, bool Capped = false, class Acc>
+  /// Turns a tile of a simple model into logits (x = scale * dot, or with Capped x = capped(scale *
+  /// dot); Edge: some columns lie past the side's end) and folds each of the thread's rows into its
+  /// running state; a row that takes no part becomes -inf.
+  template <bool Edge = false, bool Capped = false, class Acc>
   __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
 #pragma unroll
+    for (int r = 0; r < ROWS; ++r) fold(acc, c, r, row_logits<Edge, Capped>(acc, c, r, row0, col0));
+  }
+
+  /// rows() under the general model, the tile's columns in cols: column by column, both
+  /// rows of the thread from one shared load; a row that takes no part becomes -inf.
+  template <class Acc>
+  __device__ __forceinline__ void general_rows(Acc& acc, const Fragment& c, int64_t row0, const ModelColumn* cols) {
+    bool row_ok[ROWS];
+    int32_t excluded[ROWS];
+    float mx[ROWS];
+#pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const float mx = row_logits<Simple, Edge, Capped>(acc, c, r, row0, col0);
-      if constexpr (KeepExponentials)
-        keep_row(acc, c, r, mx);
-      else
-        fold_row(acc, r, mx);
+      const int64_t row = row0 + c.row(r);
+      row_ok[r] = p.rows.output(row) >= 0;
+      excluded[r] = row_ok[r] ? p.logit.excluded_id(p.rows.id(row)) : -2;
+      mx[r] = NEG_INF;
     }
+#pragma unroll
+    for (int j = 0; j < Fragment::COLS; ++j) {
+      const ModelColumn col = cols[c.col(j)];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        float& x = Fragment::at(acc, r, j);
+        x = row_ok[r] ? p.logit.at(x, col, excluded[r]) : NEG_INF;
+        mx[r] = nan_max(mx[r], x);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) fold(acc, c, r, mx[r]);
+  }
+
+  /// Folds the thread's part of row r (logits, their max mx) into its running state, keeping the
+  /// exponentials where the kernel does.
+  template <class Acc>
+  __device__ __forceinline__ void fold(Acc& acc, const Fragment& c, int r, float mx) {
+    if constexpr (KeepExponentials)
+      keep_row(acc, c, r, mx);
+    else
+      fold_row(acc, r, mx);
   }
 
   /// fold_row for a tile whose exponentials are kept: under the shift s (the row's, where the
@@ -165,26 +207,23 @@ struct LseForwardEpilogue {
     }
   }
 
-  /// The thread's part of row r as logits; returns their max (a NaN is dropped here but poisons
-  /// the sums).
-  template <bool Simple, bool Edge, bool Capped, class Acc>
+  /// The thread's part of row r as logits of the simple model; returns their max (a NaN is dropped
+  /// here but poisons the sums).
+  template <bool Edge, bool Capped, class Acc>
   __device__ __forceinline__ float row_logits(Acc& acc, const Fragment& c, int r, int64_t row0, int64_t col0) {
     const int64_t row = row0 + c.row(r);
     const bool row_ok = p.rows.output(row) >= 0;
-    const int64_t rid = row_ok ? p.rows.id(row) : 0;
+    // The simple model takes no row id; computing it anyway keeps these kernels' SASS the one
+    // measured for the issue's targets (without it ptxas allocates them differently, 2026-11-27:
+    // untimed).
+    [[maybe_unused]] const int64_t rid = row_ok ? p.rows.id(row) : 0;
     float mx = NEG_INF;
 #pragma unroll
     for (int j = 0; j < Fragment::COLS; ++j) {
       float& x = Fragment::at(acc, r, j);
-      if constexpr (Simple) {
-        const float z = x * p.logit.scale;
-        x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? (Capped ? p.logit.capped(z) : z) : NEG_INF;
-        mx = fmaxf(mx, x);
-      } else {
-        const int64_t col = col0 + c.col(j);
-        x = row_ok && col < p.cols.count ? p.logit(x, rid, p.cols.id(col)) : NEG_INF;
-        mx = nan_max(mx, x);
-      }
+      const float z = x * p.logit.scale;
+      x = row_ok && (!Edge || col0 + c.col(j) < p.cols.count) ? (Capped ? p.logit.capped(z) : z) : NEG_INF;
+      mx = fmaxf(mx, x);
     }
     return mx;
   }

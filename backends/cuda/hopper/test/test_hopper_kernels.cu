@@ -362,26 +362,61 @@ void* transposed(const Operand& op, int64_t first, int64_t n, int64_t ld) {
   return d;
 }
 
+/// The general logit model as check_backward applies it (on): column position j has id C - 1 - j
+/// (a reversed index), a bias by id in the input type, ids from C - 45 on masked, the diagonal
+/// (column id = row id + 5) masked, a softcap of 20. Off: x = dot (scale 1).
+struct GeneralModel {
+  static constexpr int64_t MASKED_IDS = 45, DIAGONAL_OFFSET = 5;
+  static constexpr double SOFTCAP = 20;
+  bool on;
+  int64_t C;
+  Operand bias;  // C x 1, by id
+  GeneralModel(bool general, int dtype, int64_t cols) : on(general), C(cols), bias{dtype, cols, 1} {
+    if (on) bias.fill(1.0);
+  }
+  int64_t id(int64_t j) const { return on ? C - 1 - j : j; }
+  int64_t valid() const { return on ? C - MASKED_IDS : C; }
+  bool masked(int64_t i, int64_t j) const { return on && (id(j) >= valid() || id(j) == i + DIAGONAL_OFFSET); }
+  double logit(double dot, int64_t i, int64_t j) const {
+    if (!on) return dot;
+    return masked(i, j) ? -INFINITY : SOFTCAP * std::tanh((dot + bias.value[size_t(id(j))]) / SOFTCAP);
+  }
+  double dx_dz(double x) const { return on ? 1 - (x / SOFTCAP) * (x / SOFTCAP) : 1.0; }
+  /// A target id for row i that the model does not mask.
+  int32_t target(int64_t i) const {
+    for (;;) {
+      const int64_t c = int64_t(rng() % uint64_t(valid()));
+      if (!on || c != i + DIAGONAL_OFFSET) return int32_t(c);
+    }
+  }
+};
+
 /// Backward: the gradient panel (G, and G^T for TF32), its sums and mask, then the two products
 /// as the backward runs them: bf16 reads G transposed and the inputs as stored, TF32 reads G^T and
 /// transposed copies of the inputs (made exact in TF32, so that the reference multiplies what the
 /// tensor cores do). The tolerance counts G's rounding (bf16 2^-9, TF32 2^-11) and the fp32 sums,
 /// as u times the sum of |terms|. both: the columns' softmax terms too (the contrastive loss).
+/// general: the rows' terms under the general logit model (GeneralModel), which the kernel reads
+/// per tile from shared memory that it shares with the column sums.
 void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end, double filter_eps,
-                    bool both = false) {
+                    bool both = false, bool general = false) {
   const bool tf32 = dtype == TLSE_HOP_TF32;
   const int elem = tf32 ? 4 : 2;
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(1.0), B.fill(4.0 / std::sqrt(double(D)));
   if (tf32) A.round_to_tf32(), B.round_to_tf32();
   const double scale = 1.0;
-  const std::vector<double> x = logits(A, B, scale);
+  const GeneralModel model(general && !both, dtype, C);
+  const std::vector<double> dots = logits(A, B, scale);
+  std::vector<double> x(dots.size());
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) x[i * C + j] = model.logit(dots[i * C + j], i, j);
   std::vector<float> lse(R), g(R), w(R);
   std::vector<int32_t> target(R);
   for (int64_t i = 0; i < R; ++i) {
     lse[i] = float(lse_along(x, i * C, 1, C));
     g[i] = w[i] = 1.0f / float(R);
-    target[i] = int32_t(rng() % uint64_t(C));
+    target[i] = model.target(i);
   }
   std::vector<float> col_lse(C), col_g(C, 1.0f / float(C));
   std::vector<int32_t> col_target(C);
@@ -395,8 +430,13 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   for (int64_t i = 0; i < R; ++i)
     for (int64_t j = col_begin; j < col_end; ++j) {
       double& d = dz[i * W + j - col_begin];
-      d = g[i] * std::exp(x[i * C + j] - double(lse[i])) - (target[i] == j ? w[i] : 0.0);
+      if (model.masked(i, j)) {
+        d = 0;
+        continue;
+      }
+      d = g[i] * std::exp(x[i * C + j] - double(lse[i])) - (target[i] == model.id(j) ? w[i] : 0.0);
       if (both) d += col_g[j] * std::exp(x[i * C + j] - double(col_lse[j])) - (col_target[j] == i ? col_g[j] : 0.f);
+      d *= model.dx_dz(x[i * C + j]);
     }
 
   void *dA = A.device(), *dB = B.device();
@@ -411,6 +451,10 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   int32_t* d_target = up(target);
   float *d_col_lse = up(col_lse), *d_col_g = up(col_g);
   int32_t* d_col_target = up(col_target);
+  std::vector<int32_t> ids(static_cast<size_t>(C));
+  for (int64_t j = 0; j < C; ++j) ids[size_t(j)] = int32_t(model.id(j));
+  int32_t* d_ids = up(ids);
+  void* d_bias = model.on ? model.bias.device() : nullptr;
   const int64_t ldgt = (R + 7) / 8 * 8;
   void *G = nullptr, *GT = nullptr;
   CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
@@ -427,6 +471,13 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   auto a = sweep_args<tlse_hop_gradient_args>(dtype, dA, dB, R, C, D, scale);
   a.row_terms = {d_lse, d_g, d_target, d_w};
   if (both) a.col_terms = {d_col_lse, d_col_g, d_col_target, d_col_g};
+  if (model.on) {
+    a.cols.index = d_ids;
+    a.logit.col_bias = d_bias;
+    a.logit.softcap = float(GeneralModel::SOFTCAP);
+    a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = GeneralModel::DIAGONAL_OFFSET;
+    a.logit.valid_cols = model.valid();
+  }
   a.filter_eps = float(filter_eps);
   a.col_begin = col_begin, a.col_end = col_end;
   a.G = G, a.ldg = ldg, a.tile_mask = mask;
@@ -436,7 +487,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   const std::string name = std::string(tf32 ? "tf32 " : "bf16 ") + "backward " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " panel [" + std::to_string(col_begin) + "," +
                            std::to_string(col_end) + ") eps " + std::to_string(filter_eps) +
-                           (both ? " both sides" : "");
+                           (both ? " both sides" : "") + (model.on ? " general model" : "");
   int rc = tlse_hop_gradient(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   if (rc != 0) {
@@ -454,16 +505,16 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   // counted beside the sum's own rounding (1e-4 of sum |dz x|).
   double worst_rowsum = 0, worst_colsum = 0;
   for (int64_t i = 0; i < R; ++i) {
-    double ref = 0, bound = 0, dots = 0, got = 0;
+    double ref = 0, bound = 0, sums = 0, got = 0;
     for (int64_t j = 0; j < W; ++j) {
-      const double d = dz[i * W + j], xv = x[i * C + col_begin + j];
+      const double d = dz[i * W + j], xv = x[i * C + col_begin + j], dot = dots[i * C + col_begin + j];
       double p = g[i] * std::exp(xv - double(lse[i]));
       if (both) p += col_g[col_begin + j] * std::exp(xv - double(col_lse[col_begin + j]));
-      ref += d * xv, bound += std::fabs(d * xv);
-      dots += (std::fabs(d) + p * std::fabs(xv)) * abs_dot(A, i, B, col_begin + j, D);
+      ref += d * dot, bound += std::fabs(d * dot);
+      sums += (std::fabs(d) + p * std::fabs(dot)) * abs_dot(A, i, B, col_begin + j, D);
     }
     for (int64_t s = 0; s < a.col_splits; ++s) got += h_row[s * R + i];
-    const double tol = 1e-4 * bound + double(D) * std::ldexp(std::fabs(scale), -24) * dots + 1e-7;
+    const double tol = 1e-4 * bound + double(D) * std::ldexp(std::fabs(scale), -24) * sums + 1e-7;
     worst_rowsum = std::max(worst_rowsum, std::fabs(got - ref) / tol);
   }
   for (int64_t j = 0; j < W; ++j) {
@@ -496,7 +547,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     const auto check = [&](double got, int64_t i, int64_t j) {
       const bool stored = filter_eps <= 0 || h_mask[(i / TLSE_HOP_TILE_M) * col_tiles + j / TLSE_HOP_TILE_N] != 0;
       const double ref = stored ? dz[i * W + j] * scale : 0.0;
-      const double target_term = target[i] == col_begin + j ? double(w[i]) : 0.0;
+      const double target_term = target[i] == model.id(col_begin + j) ? double(w[i]) : 0.0;
       worst_g = std::max(worst_g, std::fabs(got - ref) / (ug * (std::fabs(ref) + target_term) + 1e-7));
     };
     const auto hG = values(G, size_t(R * ldg));
@@ -635,7 +686,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask, (void*)row_dot,
                     (void*)col_sums, (void*)dA_out, dB_out, dB_plain, (void*)d_order, workspace, At, Bt})
     cudaFree(ptr);
-  cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target);
+  cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target), cudaFree(d_ids), cudaFree(d_bias);
 }
 
 /// A product into fp32 K-split partials (out_f32, K split), then into a complete bf16 output in a
@@ -825,6 +876,8 @@ int main() {
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096);
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, true);
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096, true);
+    check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, false, true);
+    check_backward(dtype, 700, 1500, 136, 256, 1300, 1.0 / 4096, false, true);
   }
   check_product_stores(130, 136);  // from the registers
   check_product_stores(128, 136);  // staged
