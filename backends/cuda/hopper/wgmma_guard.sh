@@ -8,8 +8,11 @@
 #   wgmma_guard.sh error|warn <compile command...>
 # error: the compile fails (scripts/build_cuda.sh, CI); warn: it succeeds with a warning line.
 set -uo pipefail
-mode=$1
-shift
+mode=${1:-}
+case "$mode" in
+  error | warn) shift ;;
+  *) echo "wgmma_guard: the first argument must be error or warn, got '$mode'" >&2 && exit 2 ;;
+esac
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$@" 2>"$log"
