@@ -213,10 +213,6 @@ struct LseForwardEpilogue {
   __device__ __forceinline__ float row_logits(Acc& acc, const Fragment& c, int r, int64_t row0, int64_t col0) {
     const int64_t row = row0 + c.row(r);
     const bool row_ok = p.rows.output(row) >= 0;
-    // The simple model takes no row id; computing it anyway keeps these kernels' SASS the one
-    // measured for the issue's targets (without it ptxas allocates them differently, 2026-11-27:
-    // untimed).
-    [[maybe_unused]] const int64_t rid = row_ok ? p.rows.id(row) : 0;
     float mx = NEG_INF;
 #pragma unroll
     for (int j = 0; j < Fragment::COLS; ++j) {
