@@ -247,8 +247,8 @@ class MaterializedContrastive {
   detail::GradientBuffer<Exec, T> dI_, dT_;
 };
 
-/// Cross-entropy, mean over the N rows: L = (1/N) sum_i (lse_i - x_{i,target_i}), x = E C^T, or
-/// with a softcap s > 0 (Gemma 2) x = s tanh(E C^T / s).
+/// Cross-entropy, mean over the N rows: L = (1/N) sum_i (lse_i - x_{i,target_i}), x = E C^T + b
+/// (b: a fixed per-class bias, or none), or with a softcap s > 0 (Gemma 2) x = s tanh((E C^T + b) / s).
 template <class Exec, class T>
 class MaterializedCrossEntropy {
  public:
@@ -257,10 +257,13 @@ class MaterializedCrossEntropy {
   using Input = Kokkos::View<const T**, Kokkos::LayoutRight, Mem>;
   using Targets = Kokkos::View<const int*, Mem>;
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+  using Bias = Kokkos::View<const T*, Mem>;  ///< (V) or empty; fixed: no dbias is computed
 
-  MaterializedCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets, double softcap = 0)
+  MaterializedCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets, double softcap = 0,
+                           const Bias& bias = {})
       : exec_(exec),
         targets_(targets),
+        bias_(bias),
         softcap_(Acc(softcap)),
         E_(alloc_, "tlse::baseline::E", E),
         C_(alloc_, "tlse::baseline::C", C),
@@ -274,13 +277,17 @@ class MaterializedCrossEntropy {
     E_.widen(exec_);
     C_.widen(exec_);
     detail::gemm(exec_, "N", "T", Acc(1), E_.view(), C_.view(), x_);
-    if (softcap_ > 0) {
+    if (softcap_ > 0 || bias_.extent(0) > 0) {
       const auto x = x_;
+      const auto b = bias_;
       const Acc s = softcap_;
       Kokkos::parallel_for(
-          "tlse::baseline::softcap",
+          "tlse::baseline::bias_softcap",
           Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec_, {0, 0}, {x.extent(0), x.extent(1)}),
-          KOKKOS_LAMBDA(std::size_t i, std::size_t j) { x(i, j) = s * impl::tanh(x(i, j) / s); });
+          KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
+            const Acc z = b.extent(0) > 0 ? x(i, j) + Acc(b(j)) : x(i, j);
+            x(i, j) = s > 0 ? s * impl::tanh(z / s) : z;
+          });
     }
     detail::row_lse(exec_, x_, lse_);
     const auto x = x_;
@@ -321,6 +328,7 @@ class MaterializedCrossEntropy {
  private:
   Exec exec_;
   Targets targets_;
+  Bias bias_;
   Acc softcap_;                // 0: off
   detail::Allocations alloc_;  // declared before the buffers it counts
   detail::Operand<Exec, T> E_, C_;

@@ -72,6 +72,7 @@ inline ContrastiveProblem contrastive_problem(std::uint64_t seed, std::int64_t b
 struct CrossEntropyProblem {
   Matrix E, C;
   std::vector<std::int64_t> targets;
+  std::vector<double> bias;  ///< (V) added to every logit of class j, or empty: none (add_random_bias)
 };
 inline CrossEntropyProblem cross_entropy_problem(std::uint64_t seed, std::int64_t N, std::int64_t D,
                                                  std::int64_t V) {
@@ -82,6 +83,14 @@ inline CrossEntropyProblem cross_entropy_problem(std::uint64_t seed, std::int64_
   p.targets.resize(std::size_t(N));
   for (auto& t : p.targets) t = rng.below(V);
   return p;
+}
+
+/// Gives `p` a per-class bias b_j ~ N(0, 1), from a stream of its own so that E, C and the targets
+/// stay those of the same seed without a bias.
+inline void add_random_bias(CrossEntropyProblem& p, std::uint64_t seed) {
+  Random rng(seed ^ 0x9e3779b97f4a7c15ull);
+  p.bias.resize(std::size_t(p.C.rows));
+  for (double& b : p.bias) b = rng.normal();
 }
 
 /// Rounds a float64 value to the run's dtype T, and back.
@@ -111,6 +120,19 @@ DeviceMatrix<T> upload(const std::string& label, Matrix& values) {
       h(i, k) = to_dtype<T>(values(i, k));
       values(i, k) = to_double(h(i, k));
     }
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+/// upload() for a vector: a new device view of T, and `values` rounded in place.
+template <class T>
+Kokkos::View<T*, Mem> upload_vector(const std::string& label, std::vector<double>& values) {
+  Kokkos::View<T*, Mem> d(label, values.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t j = 0; j < values.size(); ++j) {
+    h(j) = to_dtype<T>(values[j]);
+    values[j] = to_double(h(j));
+  }
   Kokkos::deep_copy(d, h);
   return d;
 }

@@ -53,9 +53,10 @@ inline std::vector<std::int64_t> sampled_rows(std::int64_t N, std::int64_t row_t
   return rows;
 }
 
-/// x = E[rows] C^T in float64, computed on the default execution space a column block at a time;
-/// with softcap > 0, x = softcap tanh(E[rows] C^T / softcap).
-inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_t row_tiles, double softcap = 0) {
+/// x = E[rows] C^T + bias in float64 (bias (V) or empty), computed on the default execution space a
+/// column block at a time; with softcap > 0, x = softcap tanh((E[rows] C^T + bias) / softcap).
+inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_t row_tiles, double softcap = 0,
+                                   const std::vector<double>& bias = {}) {
   using Exec = Kokkos::DefaultExecutionSpace;
   using View = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::Device<Exec, Exec::memory_space>>;
   SampledLogits s;
@@ -80,8 +81,10 @@ inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_
     KokkosBlas::gemm("N", "T", 1.0, Es, Cb, 0.0, Xb);
     Kokkos::deep_copy(Xb_h, Xb);
     for (std::int64_t i = 0; i < S; ++i)
-      for (std::int64_t j = 0; j < n; ++j)
-        s.x(i, j0 + j) = softcap > 0 ? softcap * std::tanh(Xb_h(i, j) / softcap) : Xb_h(i, j);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double z = Xb_h(i, j) + (bias.empty() ? 0.0 : bias[std::size_t(j0 + j)]);
+        s.x(i, j0 + j) = softcap > 0 ? softcap * std::tanh(z / softcap) : z;
+      }
   }
   s.lse.resize(std::size_t(S));
   for (std::int64_t i = 0; i < S; ++i) {
@@ -94,13 +97,15 @@ inline SampledLogits sample_logits(const Matrix& E, const Matrix& C, std::int64_
 }
 
 /// The vocabulary sorted as the forward's vocab_order: by decreasing column logit sum over all rows
-/// of E (here in float64: (sum_i E_i) . C_j), ties by id.
-inline std::vector<int> vocabulary_order(const Matrix& E, const Matrix& C) {
+/// of E (here in float64: (sum_i E_i) . C_j + N bias_j, bias (V) or empty), ties by id.
+inline std::vector<int> vocabulary_order(const Matrix& E, const Matrix& C, const std::vector<double>& bias = {}) {
   std::vector<double> e_sum(static_cast<std::size_t>(E.cols), 0.0), col_sum(static_cast<std::size_t>(C.rows), 0.0);
   for (std::int64_t i = 0; i < E.rows; ++i)
     for (std::int64_t k = 0; k < E.cols; ++k) e_sum[std::size_t(k)] += E(i, k);
-  for (std::int64_t j = 0; j < C.rows; ++j)
+  for (std::int64_t j = 0; j < C.rows; ++j) {
     for (std::int64_t k = 0; k < C.cols; ++k) col_sum[std::size_t(j)] += e_sum[std::size_t(k)] * C(j, k);
+    if (!bias.empty()) col_sum[std::size_t(j)] += double(E.rows) * bias[std::size_t(j)];
+  }
   std::vector<int> order(static_cast<std::size_t>(C.rows));
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int a, int b) {

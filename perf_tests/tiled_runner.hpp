@@ -68,8 +68,8 @@ class TiledContrastive {
   AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, row_lse_, col_lse_;
 };
 
-/// Mean cross-entropy without bias (tlse::cross_entropy and its backward). By default as the
-/// library's defaults: gradient filtering at filter_eps_auto, no vocabulary sorting; with
+/// Mean cross-entropy (tlse::cross_entropy and its backward), with a fixed bias or none. By default
+/// as the library's defaults: gradient filtering at filter_eps_auto, no vocabulary sorting; with
 /// `sort_vocabulary` the forward returns the vocabulary order and the backward visits it.
 template <class Exec, class T>
 class TiledCrossEntropy {
@@ -79,12 +79,19 @@ class TiledCrossEntropy {
   using Input = Kokkos::View<const T**, Kokkos::LayoutRight, Mem>;
   using Targets = Kokkos::View<const int*, Mem>;
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+  using Bias = Kokkos::View<const T*, Mem>;  ///< (V) or empty; fixed: no dbias is computed
 
   TiledCrossEntropy(const Exec& exec, const Input& E, const Input& C, const Targets& targets,
                     Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default,
                     double filter_eps = filter_eps_auto, bool sort_vocabulary = false, bool one_call_step = false,
-                    double softcap = 0)
-      : exec_(exec), E_(E), C_(C), targets_(targets), lse_("lse", E.extent(0)), one_call_step_(one_call_step) {
+                    double softcap = 0, const Bias& bias = {})
+      : exec_(exec),
+        E_(E),
+        C_(C),
+        bias_(bias),
+        targets_(targets),
+        lse_("lse", E.extent(0)),
+        one_call_step_(one_call_step) {
     opts_.precision = precision;
     opts_.softcap = softcap;
     opts_.memory_budget = memory_budget;
@@ -95,9 +102,9 @@ class TiledCrossEntropy {
     Kokkos::deep_copy(dloss_, Acc(1));
   }
 
-  void forward() { cross_entropy(exec_, E_, C_, Bias(), targets_, loss_, lse_, order_, opts_); }
+  void forward() { cross_entropy(exec_, E_, C_, bias_, targets_, loss_, lse_, order_, opts_); }
   void backward(const Gradient& dE, const Gradient& dC) {
-    cross_entropy_backward(exec_, E_, C_, Bias(), targets_, lse_, order_, dloss_, dE, dC, Kokkos::View<T*, Mem>(),
+    cross_entropy_backward(exec_, E_, C_, bias_, targets_, lse_, order_, dloss_, dE, dC, Kokkos::View<T*, Mem>(),
                            opts_);
   }
   /// The training step: cross_entropy_with_gradients in one call, or the forward and the backward.
@@ -107,7 +114,7 @@ class TiledCrossEntropy {
       backward(dE, dC);
       return;
     }
-    cross_entropy_with_gradients(exec_, E_, C_, Bias(), targets_, dloss_, loss_, dE, dC, Kokkos::View<T*, Mem>(), opts_);
+    cross_entropy_with_gradients(exec_, E_, C_, bias_, targets_, dloss_, loss_, dE, dC, Kokkos::View<T*, Mem>(), opts_);
   }
   double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(0); }
   /// Workspace, the LSEs saved for the backward and the vocabulary order: O(N + V).
@@ -119,10 +126,10 @@ class TiledCrossEntropy {
 
  private:
   using AccVector = Kokkos::View<Acc*, Mem>;
-  using Bias = Kokkos::View<const T*, Mem>;
   using VocabOrder = Kokkos::View<int*, Mem>;
   Exec exec_;
   Input E_, C_;
+  Bias bias_;
   Targets targets_;
   CrossEntropyOptions opts_;
   Kokkos::View<char*, Mem> workspace_;

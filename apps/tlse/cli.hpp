@@ -33,6 +33,7 @@ struct Options {
   bool check_sampled = false;                         // --check-sampled (cross-entropy)
   bool training_step = false;                         // --training-step (cross-entropy)
   double softcap = 0;                                 // --softcap (cross-entropy); 0: off
+  bool bias = false;                                  // --bias (cross-entropy)
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -89,6 +90,12 @@ cross-entropy options:
                              TiledLSE, the baseline, the input statistics and --check (not with
                              --check-sampled); on Hopper GPUs the training step then turns its
                              kept exponentials into G in a pass of its own (docs/performance.md)
+  --bias                     add a fixed per-class bias b_j ~ N(0,1), drawn after the inputs (which
+                             stay those of the seed), passed as the calls' bias argument: logits
+                             C E_i + b (before a softcap), in TiledLSE, the baseline, the input
+                             statistics and --check (not with --check-sampled). No dbias is asked
+                             for, so the training step still fuses; on Hopper GPUs a bias takes the
+                             general logit model's kernels (docs/performance.md)
   --check-sampled            compare dE on 256 sampled rows and dC on 256 sampled classes (the 128
                              likeliest by column logit sum and 128 spread over the ids) with float64
                              gradients from exact float64 LSEs of every row (KokkosBlas::gemm on the
@@ -273,6 +280,9 @@ inline Options parse_command_line(int argc, const char* const* argv) {
       o.training_step = true;
     } else if (!contrastive && flag == "--softcap") {
       o.softcap = detail::positive_number(flag, next());
+    } else if (!contrastive && flag == "--bias") {
+      no_value();
+      o.bias = true;
     } else if (!contrastive && flag == "--check-sampled") {
       no_value();
       o.check_sampled = true;
@@ -299,6 +309,8 @@ inline Options parse_command_line(int argc, const char* const* argv) {
   if (o.softcap > 0 && o.check_sampled)
     throw UsageError("--check-sampled has no softcap (perf_tests/sampled_reference.hpp); drop --softcap " +
                      detail::number_text(o.softcap) + " or --check-sampled");
+  if (o.bias && o.check_sampled)
+    throw UsageError("--check-sampled has no bias (perf_tests/sampled_reference.hpp); drop --bias or --check-sampled");
   return o;
 }
 

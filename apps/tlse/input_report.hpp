@@ -38,8 +38,9 @@ inline perf::SoftmaxStatistics print_input_statistics(const Options& o, const pe
                                                       double filter_eps) {
   std::fprintf(stderr, "[tlse] input statistics: float64 logits of %lld sampled rows\n",
                (long long)std::min<std::int64_t>(problem.E.rows, statistics_row_tiles * perf::filter_tile_rows));
-  const perf::SampledLogits sample = perf::sample_logits(problem.E, problem.C, statistics_row_tiles, o.softcap);
-  const std::vector<int> order = perf::vocabulary_order(problem.E, problem.C);
+  const perf::SampledLogits sample =
+      perf::sample_logits(problem.E, problem.C, statistics_row_tiles, o.softcap, problem.bias);
+  const std::vector<int> order = perf::vocabulary_order(problem.E, problem.C, problem.bias);
   std::vector<double> thresholds{0x1p-12};
   if (filter_eps > 0 && filter_eps != 0x1p-12) thresholds.push_back(filter_eps);
   std::printf("inputs %s\n", inputs_description(o.inputs));

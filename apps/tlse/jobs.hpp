@@ -105,10 +105,13 @@ int run_cross_entropy(const Options& o) {
   const std::int64_t N = o.tokens, D = o.dim, V = o.vocab;
   print_header(o, scalar_name<T>(),
                "tokens " + std::to_string(N) + ", dim " + std::to_string(D) + ", vocab " + std::to_string(V) +
-                   (o.softcap > 0 ? ", softcap " + detail::number_text(o.softcap) : ""));
+                   (o.softcap > 0 ? ", softcap " + detail::number_text(o.softcap) : "") +
+                   (o.bias ? ", bias N(0,1)" : ""));
   auto problem = o.inputs == Inputs::lm ? perf::lm_cross_entropy_problem(o.seed, N, D, V)
                                         : perf::cross_entropy_problem(o.seed, N, D, V);
+  if (o.bias) perf::add_random_bias(problem, o.seed);
   const DeviceMatrix<T> E = perf::upload<T>("E", problem.E), C = perf::upload<T>("C", problem.C);
+  const auto bias = perf::upload_vector<T>("bias", problem.bias);  // empty without --bias
   const auto targets = perf::upload_targets(problem.targets);
   CrossEntropyOptions filter;
   filter.filter_eps = o.filter_eps;
@@ -118,7 +121,7 @@ int run_cross_entropy(const Options& o) {
   std::vector<Outcome> outcomes;
   for (const TiledRun& run : tiled_runs(o)) {
     perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget, run.filter_eps,
-                                           run.sort_vocabulary, run.training_step, o.softcap);
+                                           run.sort_vocabulary, run.training_step, o.softcap, bias);
     outcomes.push_back(measure<T>(o, run.name, tiled, N, V, D));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) + " + saved LSEs" +
                                   (run.sort_vocabulary ? " + vocabulary order" : "") + "; plus team scratch " +
@@ -126,7 +129,7 @@ int run_cross_entropy(const Options& o) {
                                   " per team (tile-sized, independent of N and V)";
   }
   if (o.baseline) {
-    baseline::MaterializedCrossEntropy<Exec, T> base(Exec(), E, C, targets, o.softcap);
+    baseline::MaterializedCrossEntropy<Exec, T> base(Exec(), E, C, targets, o.softcap, bias);
     outcomes.push_back(measure<T>(o, "materialized", base, N, V, D));
     outcomes.back().memory_note = "logits " + std::to_string(N) + " x " + std::to_string(V) + " " +
                                   bytes_text(double(base.logit_bytes())) + " + LSEs" +
@@ -140,7 +143,8 @@ int run_cross_entropy(const Options& o) {
   announce_reference(5.0 * double(N) * double(V) * double(D));
   CrossEntropyOptions ref_opts;
   ref_opts.softcap = o.softcap;
-  const auto ref = testing::cross_entropy_reference(problem.E, problem.C, {}, problem.targets, ref_opts, {1.0});
+  const auto ref =
+      testing::cross_entropy_reference(problem.E, problem.C, problem.bias, problem.targets, ref_opts, {1.0});
   const bool ok = check_outcomes(outcomes, ref.loss, {&ref.dE, &ref.dC}, {"dE", "dC"}, tolerance<T>(o.tf32));
   return ok && sampled_ok ? 0 : 1;
 }
