@@ -1,7 +1,10 @@
 // Cross-entropy (CCE) against the float64 materialized reference, for every option.
 #include "test_support.hpp"
 
+#include <algorithm>
 #include <array>
+#include <limits>
+#include <numeric>
 
 namespace {
 using namespace tlse::test;
@@ -375,6 +378,38 @@ TYPED_TEST(CrossEntropy, VocabularyOrderDoesNotChangeTheResult) {
       const int p = int(h[j]), q = int(h[j + 1]);
       EXPECT_GE(sum[p], sum[q] - 1e-5 * (mag[p] + mag[q])) << "classes " << p << ", " << q << " at " << j;
     }
+  }
+}
+
+// The vocabulary sort on the execution space (on a GPU a bitonic network whose comparators past
+// V are skipped) gives exactly std::sort's order under vocab_before: sums with many ties, both
+// infinities and NaN, sizes that are no power of 2 (one above 2^16 included).
+TYPED_TEST(CrossEntropy, VocabularySortMatchesHostSort) {
+  using C = TypeParam;
+  using Acc = typename C::Acc;
+  TLSE_SEEDED(rng);
+  for (const std::int64_t V : {1, 2, 3, 1000, 70001}) {
+    std::vector<Acc> sums(static_cast<std::size_t>(V));
+    for (Acc& s : sums) {
+      const int r = int(rng() % 40);
+      s = r == 0   ? -std::numeric_limits<Acc>::infinity()
+          : r == 1 ? std::numeric_limits<Acc>::infinity()
+          : r == 2 ? std::numeric_limits<Acc>::quiet_NaN()
+                   : Acc(r % 8) - Acc(3.5);  // 8 values: ties everywhere
+    }
+    typename C::AccView keys("keys", V);
+    Kokkos::deep_copy(keys, Kokkos::View<const Acc*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                                sums.data(), std::size_t(V)));
+    typename C::IntView order("order", V);
+    typename C::Exec exec;
+    tlse::impl::sort_vocabulary(exec, keys.data(), V, order);
+    exec.fence();
+    std::vector<int> expected(static_cast<std::size_t>(V));
+    std::iota(expected.begin(), expected.end(), 0);
+    std::sort(expected.begin(), expected.end(),
+              [&](int a, int b) { return tlse::impl::vocab_before(sums[std::size_t(a)], a, sums[std::size_t(b)], b); });
+    const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), order);
+    for (std::int64_t j = 0; j < V; ++j) ASSERT_EQ(got(j), expected[std::size_t(j)]) << "V " << V << " at " << j;
   }
 }
 

@@ -6,11 +6,11 @@
 #include <tlse/impl/lse_forward.hpp>
 #include <tlse/impl/problem_builder.hpp>
 #include <tlse/impl/small_kernels.hpp>
+#include <tlse/impl/vocabulary_sort.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 #include <tlse/options.hpp>
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 namespace tlse {
@@ -304,22 +304,6 @@ struct CrossEntropyStepArrays {
     return a;
   }
 };
-
-/// Fills `order` with the vocabulary sorted by decreasing logit sum (ties by index), so that
-/// the backward meets the likely classes together and skips whole tiles of unlikely ones.
-template <class Exec, class Acc, class OrderV>
-void sort_vocabulary(const Exec& exec, const Acc* logit_sum, index_t V, const OrderV& order) {
-  auto sums = Kokkos::create_mirror_view(
-      Kokkos::View<const Acc*, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(logit_sum, V));
-  Kokkos::deep_copy(exec, sums,
-                    Kokkos::View<const Acc*, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(logit_sum, V));
-  exec.fence();
-  std::vector<int> idx(V);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](int a, int b) { return sums(a) > sums(b) || (sums(a) == sums(b) && a < b); });
-  Kokkos::deep_copy(exec, order, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(idx.data(), V));
-  exec.fence();
-}
 
 }  // namespace impl
 
