@@ -272,6 +272,30 @@ TYPED_TEST(CrossEntropy, TrainingStepInChunksOfRows) {
   this->check({4500, 999, 72, o, 4.0, 0.1}, rng);
 }
 
+TYPED_TEST(CrossEntropy, TrainingStepKeepsAPartOfTheColumns) {
+  TLSE_SEEDED(rng);
+  // On Hopper GPUs (bf16) a 3 MiB budget holds no chunk of the step's exponentials (150 x 12001
+  // bf16: 3.6 MB) but the fused backward's buffers: the step keeps the exponentials of the first
+  // 8960 columns in 5 panels in dC's storage (the host test HopperKeptColumnsPlan checks that
+  // plan) and recomputes the other columns. Without a softcap (G = diag(c) E'), with rows whose
+  // largest logit lies far above their target's (logits of std 30: parts under their own max,
+  // rescaled), and with a softcap and a z-loss (G formed in place). Elsewhere: the two calls.
+  auto o = exact();
+  o.memory_budget = std::size_t(3) << 20;
+  {
+    SCOPED_TRACE("logit std 4");
+    this->check({150, 12001, 136, o}, rng);
+  }
+  {
+    SCOPED_TRACE("logit std 30");
+    this->check({150, 12001, 136, o, 30.0}, rng);
+  }
+  o.softcap = 20;
+  o.z_loss = 1e-4;
+  SCOPED_TRACE("softcap 20, z-loss");
+  this->check({150, 12001, 136, o}, rng);
+}
+
 TYPED_TEST(CrossEntropy, BackwardInTwoPassesUnderASmallBudget) {
   TLSE_SEEDED(rng);
   // On Hopper GPUs (bf16) 1 MiB does not hold the fused backward's 700 x 520 fp32 accumulator:

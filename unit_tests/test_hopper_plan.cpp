@@ -225,4 +225,64 @@ TEST(HopperStepPlan, NoPlanBelowTheSmallestChunk) {
   EXPECT_FALSE(StepPlan::make(0, 10, 8, GiB, H200_SMS).fits);
 }
 
+// Below the chunks, the step keeps the exponentials of a prefix of the columns in dC's storage
+// (hopper_step_plan.hpp, KeptColumnsPlan), in panels placed past dC's rows of each: as many as
+// fit there, the fused backward's panels for the rest, within the budget.
+using tlse::impl::cuda::KeptColumnsPlan;
+
+TEST(HopperKeptColumnsPlan, TheIssueShapesAtTheDefaultBudget) {
+  struct Case {
+    std::int64_t rows, cols, depth, panel, kept;
+  };
+  // The width whose dC panel products fill whole waves of 132 SMs best (8448: 1056 tiles, 8
+  // waves), about half the classes at N = 2 D, 92% at N = D; the unit test's shape in 5 panels.
+  for (const Case c : {Case{8192, 128256, 4096, 8448, 59136}, Case{4096, 128256, 4096, 8448, 118272},
+                       Case{8192, 256000, 2304, 11264, 67584}, Case{150, 12001, 136, 1792, 8960}}) {
+    const std::size_t budget = c.rows == 150 ? 3 * MiB : 256 * MiB;
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " x " + std::to_string(c.depth));
+    EXPECT_FALSE(StepPlan::make(c.rows, c.cols, c.depth, budget, H200_SMS).fits);
+    const KeptColumnsPlan p = KeptColumnsPlan::make(c.rows, c.cols, c.depth, budget, H200_SMS);
+    ASSERT_TRUE(p.fits);
+    EXPECT_EQ(p.panel, c.panel);
+    EXPECT_EQ(p.kept, c.kept);
+    EXPECT_EQ(p.panel % KeptColumnsPlan::TILE_N, 0);
+    EXPECT_EQ(p.kept % p.panel, 0);
+    // Panel k's exponentials lie past dC's rows of panels 0..k and within dC's cols x depth.
+    for (std::int64_t k = 0; k < p.kept_panels(); ++k)
+      EXPECT_GE(p.exponentials_offset() + k * p.panel_stride(), (k + 1) * p.panel * p.depth);
+    EXPECT_GE(p.panel_stride(), p.rows * p.ld_exponentials());
+    EXPECT_LE(p.exponentials_offset() + p.kept_panels() * p.panel_stride(), p.cols * p.depth);
+    EXPECT_LE(p.bytes, budget);
+    EXPECT_FALSE(p.panels.two_passes());
+    EXPECT_EQ(p.panels.cols, c.cols - c.kept);
+    tlse::impl::WorkspaceCarver sizing;
+    p.carve(sizing);
+    EXPECT_EQ(sizing.bytes(), p.bytes);
+  }
+}
+
+TEST(HopperKeptColumnsPlan, SharesTheSpacePastTheAccumulator) {
+  // The kept columns' arrays lie past the panels' accumulator, over the panels' other arrays.
+  const KeptColumnsPlan p = KeptColumnsPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS);
+  ASSERT_TRUE(p.fits);
+  char* base = reinterpret_cast<char*>(std::uintptr_t(1) << 20);
+  tlse::impl::WorkspaceCarver carver(base);
+  const KeptColumnsPlan::Buffers b = p.carve(carver);
+  const char* acc_end = reinterpret_cast<const char*>(b.panels.acc + p.rows * p.depth);
+  EXPECT_LT(reinterpret_cast<const char*>(b.g), reinterpret_cast<const char*>(b.panels.acc));
+  EXPECT_GE(reinterpret_cast<const char*>(b.shifts), acc_end);
+  EXPECT_GE(reinterpret_cast<const char*>(b.row_scale),
+            reinterpret_cast<const char*>(b.shifts + p.rows * p.ld_shifts()));
+  EXPECT_LE(reinterpret_cast<const char*>(b.partials) + 2 * KeptColumnsPlan::MAX_SWEEP_SPLITS * p.rows * sizeof(float),
+            base + p.bytes);
+}
+
+TEST(HopperKeptColumnsPlan, NoneWhereLittleWouldBeKeptOrNothingFits) {
+  // More rows than dC's storage holds a useful part of (under cols / 8 kept), a budget below
+  // the fused backward's accumulator, or no shape.
+  EXPECT_FALSE(KeptColumnsPlan::make(65536, 128256, 4096, 2048 * MiB, H200_SMS).fits);
+  EXPECT_FALSE(KeptColumnsPlan::make(8192, 128256, 4096, 64 * MiB, H200_SMS).fits);
+  EXPECT_FALSE(KeptColumnsPlan::make(0, 10, 8, 256 * MiB, H200_SMS).fits);
+}
+
 }  // namespace

@@ -136,9 +136,12 @@ TLSE_API tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, t
                                                         const tlse_cross_entropy_options* options, size_t* bytes);
 
 /* Sets *fused to 1 when tlse_cross_entropy_with_gradients will run the step fused for these
- * sizes and options (a Hopper GPU, bf16, want_dbias 0, an options.memory_budget that holds the
- * logits of a chunk of rows: 3 matrix products instead of 4), else to 0 (it runs the forward and
- * the backward; always on TLSE_DEVICE_HOST). want_dbias: nonzero when the call will get a dbias.
+ * sizes and options (a Hopper GPU, bf16, want_dbias 0, and an options.memory_budget that holds
+ * the logits of a chunk of rows: 3 matrix products instead of 4; or, with accumulate 0, one that
+ * holds the backward's buffers: the logits of a part of the classes kept in dC's storage), else
+ * to 0 (it runs the forward and the backward; always on TLSE_DEVICE_HOST). In the second case the
+ * call still runs the pair where a row is ignored or dE or dC is NULL. want_dbias: nonzero when
+ * the call will get a dbias.
  * Lets a caller compute the gradients with the loss only where that pays. */
 TLSE_API tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_device device, void* stream,
                                                    tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
@@ -170,7 +173,11 @@ TLSE_API tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_dev
  * dC, dbias as for the backward (any may be NULL). No lse or vocab_order: the call keeps what
  * it needs. On Hopper GPUs (bf16, dbias NULL), when options.memory_budget holds the logits of
  * a chunk of rows, the forward's logits become the gradient: 3 matrix products instead of 4, and
- * no gradient filtering (as filter_eps = 0); otherwise it runs the two calls, the backward
+ * no gradient filtering (as filter_eps = 0). Under a smaller budget that holds the backward's
+ * buffers (the default 256 MiB at the usual LM sizes), with accumulate 0, every row scored and
+ * dE and dC given, the logits of the first part of the classes are kept in dC's own storage and
+ * the rows times the gradient's row factors in dE's, both overwritten with the gradients before
+ * the call returns: those classes take 3 products. Otherwise it runs the two calls, the backward
  * without vocabulary sorting (docs/c_api.md). */
 TLSE_API tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device device, void* stream,
                                                        tlse_dtype dtype, int64_t n, int64_t v, int64_t d,

@@ -44,7 +44,7 @@ double resolved_filter_eps(const CrossEntropyOptions& o) {
 /// The shape a backend's backward or step plans for: E (N x D) against C (V x D) under `o`.
 template <class EV, class CV>
 BackwardShape cross_entropy_shape(const EV& E, const CV& C, const CrossEntropyOptions& o) {
-  return {index_t(E.extent(0)), index_t(C.extent(0)), index_t(E.extent(1)), o.precision, o.memory_budget};
+  return {index_t(E.extent(0)), index_t(C.extent(0)), index_t(E.extent(1)), o.precision, o.memory_budget, o.accumulate};
 }
 
 /// Scratch of cross_entropy_with_gradients' fused step, 0 when the step runs as the forward then
@@ -335,9 +335,12 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
 /// options, rather than as cross_entropy then cross_entropy_backward. It lets a caller decide
 /// beforehand whether computing the gradients with the loss pays (e.g. an autograd forward that
 /// would otherwise hold them until a backward that may never run). Today: a Hopper GPU, bf16,
-/// no dbias, and an opts.memory_budget that holds the logits of a chunk of rows; never on the host.
+/// no dbias, and an opts.memory_budget that holds the logits of a chunk of rows, or (with
+/// opts.accumulate off) one that holds the backward's buffers, the step then keeping the logits
+/// of a part of the vocabulary in dC's storage (cross_entropy_with_gradients); never on the host.
 /// The call itself may still run the pair for reasons only its data shows: every row ignored, or
-/// operands a backend cannot take (e.g. not 16-byte aligned).
+/// operands a backend cannot take (e.g. not 16-byte aligned); and in the second case where some
+/// row is ignored or dE or dC is not wanted.
 /// \param exec execution space instance the call will run on
 /// \param E (N x D) embeddings (only the extents are read)
 /// \param C (V x D) classifier (only the extents are read)
@@ -505,9 +508,14 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 /// backend share work between the two halves. On Hopper GPUs (bf16, no dbias wanted) when
 /// opts.memory_budget holds the logits of a chunk of rows (at least 2048 rows, or every row; see
 /// docs/performance.md), the forward's logits are kept and become the gradient: 3 products
-/// instead of the 4 of the two calls. That path computes every softmax entry (no gradient
-/// filtering, as with filter_eps = 0); otherwise the two calls run as documented, in the natural
-/// vocabulary order. cross_entropy_step_fuses tells beforehand which of the two will run.
+/// instead of the 4 of the two calls. Under a smaller budget that holds the backward's buffers,
+/// when every row is scored, dE and dC are both wanted and opts.accumulate is off, the logits of
+/// the first part of the vocabulary are kept in dC's storage (its values are written after
+/// them; about V D / max(N, D) classes, 59136 of 128256 at N=8192 D=4096) and only the rest is
+/// recomputed (docs/api.md, Memory). Those paths
+/// compute every softmax entry (no gradient filtering, as with filter_eps = 0); otherwise the two
+/// calls run as documented, in the natural vocabulary order. cross_entropy_step_fuses tells
+/// beforehand which of the two will run.
 /// \param exec execution space instance
 /// \param E, C, bias, targets as for cross_entropy
 /// \param dloss gradient with respect to the loss, shaped like the loss (1 for the mean loss of a

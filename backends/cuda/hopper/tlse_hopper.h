@@ -79,16 +79,21 @@ typedef struct {
  * of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a consumer thread's), m
  * the largest of its logits. Each part is under a shift s: the row's r =
  * exponentials_row_shift[row] when m <= r + TLSE_HOP_ROW_SHIFT_SPAN (NULL or r = +inf: none), else
- * m itself; s goes to exponentials_shift[row * 4 * ceil(cols.count / TLSE_HOP_TILE_N) + 4 n + q]
+ * m itself; s goes to exponentials_shift[row * 4 * ceil(kept / TLSE_HOP_TILE_N) + 4 n + q]
  * (-inf where every logit of the part is masked), and each logit x to exp(x - s) in bf16 at
- * exponentials[row * ld_exponentials + col] (row < rows.count, col < cols.count; rows.position
- * NULL): at most e^SPAN, in bf16's normal range down to s - 87 (2^-8 relative; below, 0). r
- * should be a logit of the row (the training step's target logit): what lies 87 below it is
- * lost to the row's exponentials and its LSE state. Where every part of a row is under r, the
+ * exponentials[row * ld_exponentials + col] (row < rows.count, col < kept; rows.position NULL):
+ * at most e^SPAN, in bf16's normal range down to s - 87 (2^-8 relative; below, 0). Kept are the
+ * columns below kept = exponentials_cols (0: every column; else a multiple of TLSE_HOP_TILE_N, at
+ * most cols.count: the other tiles only fold into the row states); with exponentials_panel = P >
+ * 0 (a multiple of TLSE_HOP_TILE_N) in panels of P columns instead, column col of panel k = col /
+ * P at exponentials[k * exponentials_panel_stride + row * ld_exponentials + col - k P] (the
+ * stride a multiple of 8, at least rows.count * ld_exponentials). r should be a logit of the row
+ * (the training step's target logit): what lies 87 below it is lost to the row's exponentials and
+ * its LSE state. Where every part of a row is under r, the
  * row's softmax is exp(r - lse) times its exponentials, and the products can take them as they are
  * (row_scale) instead of a pass over them. TMA stores them: ld_exponentials a multiple of 8,
  * exponentials 16-byte aligned, and a row's last 16-byte chunk is written whole (up to 7 values
- * past cols.count, within ld_exponentials, are not to be read). */
+ * past kept, within ld_exponentials, are not to be read). */
 typedef struct {
   int32_t dtype;                       /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
   tlse_hop_side rows;                  /**< the rows of the implicit matrix */
@@ -104,6 +109,9 @@ typedef struct {
   int64_t ld_exponentials;             /**< elements from a row of exponentials to the next (a multiple of 8) */
   float* exponentials_shift;           /**< with exponentials */
   const float* exponentials_row_shift; /**< with exponentials, or NULL */
+  int64_t exponentials_cols;           /**< the columns below it are kept; 0: every column */
+  int64_t exponentials_panel;          /**< 0: the kept columns in one matrix; else columns per panel */
+  int64_t exponentials_panel_stride;   /**< with exponentials_panel: elements from a panel to the next */
   int64_t max_col_splits;              /**< at most this many column splits */
   int64_t max_row_groups;              /**< at most this many row groups */
   int64_t col_splits;                  /**< out: the column splits the call used */

@@ -55,6 +55,7 @@ struct BackwardShape {
   index_t rows = 0, cols = 0, depth = 0;
   Precision precision = Precision::exact;
   std::size_t memory_budget = memory_budget_default;
+  bool accumulate = false;  // the call adds into the gradients (their storage holds nothing of its own)
 };
 
 /// One backward pass (a BackwardTiles functor `f`). `scratch_bytes` is what `run` needs in

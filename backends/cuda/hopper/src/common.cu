@@ -114,13 +114,14 @@ int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64
 }
 
 int StagedStore::describe(const char* call, CUtensorMap& map, CUtensorMapDataType type, void* data, int64_t rows,
-                          int64_t cols, int64_t ld, int64_t layers) {
+                          int64_t cols, int64_t ld, int64_t layers, int64_t layer_stride) {
   const int element = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(layers)};
-  const cuuint64_t strides[2] = {cuuint64_t(ld * element), cuuint64_t(rows * ld * element)};
+  const cuuint64_t strides[2] = {cuuint64_t(ld * element),
+                                 cuuint64_t((layer_stride > 0 ? layer_stride : rows * ld) * element)};
   const cuuint32_t box[3] = {cuuint32_t(LINE_BYTES / element), cuuint32_t(LINES), 1}, unit[3] = {1, 1, 1};
   const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      &map, type, layers > 1 ? 3 : 2, data, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      &map, type, layers > 1 || layer_stride > 0 ? 3 : 2, data, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return TLSE_HOP_OK;
   return fail(TLSE_HOP_E_LAUNCH,

@@ -24,6 +24,11 @@ ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
   return s;
 }
 
+/// The columns whose exponentials are kept: those below exponentials_cols, or every one.
+int64_t kept_columns(const tlse_hop_forward_args& a) {
+  return a.exponentials_cols > 0 ? a.exponentials_cols : a.cols.count;
+}
+
 template <class Input, bool Columns, bool KeepExponentials = false, bool General = true>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
@@ -38,14 +43,31 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
                  int32_t(a.cols.count), int32_t(a.depth)};
   kp.schedule =
       TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
-  kp.epilogue = {device_side(a.rows), device_side(a.cols), device_logit_model<Input>(a.logit, a.cols),
-                 a.row_max, a.row_sum, a.col_max, a.col_sum, a.col_logit_sum, CUtensorMap{}, a.exponentials_shift,
-                 4 * col_tiles, a.exponentials_row_shift};
-  if constexpr (KeepExponentials)
+  const int64_t kept = kept_columns(a);
+  kp.epilogue = {device_side(a.rows),
+                 device_side(a.cols),
+                 device_logit_model<Input>(a.logit, a.cols),
+                 a.row_max,
+                 a.row_sum,
+                 a.col_max,
+                 a.col_sum,
+                 a.col_logit_sum,
+                 CUtensorMap{},
+                 a.exponentials_shift,
+                 4 * ((kept + TILE_N - 1) / TILE_N),
+                 a.exponentials_row_shift,
+                 kept,
+                 int32_t(a.exponentials_panel > 0 ? a.exponentials_panel / TILE_N : col_tiles)};
+  if constexpr (KeepExponentials) {
+    // A three-dimensional map in every case: the panels are its layers (one without panels).
+    const bool panels = a.exponentials_panel > 0;
     if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
                                           StagedStore::type_of<cutlass::bfloat16_t>(), a.exponentials, a.rows.count,
-                                          a.cols.count, a.ld_exponentials))
+                                          panels ? a.exponentials_panel : kept, a.ld_exponentials,
+                                          panels ? (kept + a.exponentials_panel - 1) / a.exponentials_panel : 1,
+                                          panels ? a.exponentials_panel_stride : a.rows.count * a.ld_exponentials))
       return error;
+  }
   return launch("tlse_hop_lse_forward", kp, stream);
 }
 
@@ -67,11 +89,30 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
                 std::string(call) + ": exponentials are kept for bf16 inputs without column outputs only");
   if (a->exponentials && a->rows.position)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials are kept by row, rows.position must be NULL");
-  if (a->exponentials && (a->ld_exponentials < a->cols.count || a->ld_exponentials % 8 != 0 ||
+  if (a->exponentials &&
+      (a->exponentials_cols < 0 || a->exponentials_cols > a->cols.count || a->exponentials_cols % TILE_N != 0))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials_cols must be 0 or a multiple of " +
+                                         std::to_string(TILE_N) + " up to cols.count (" +
+                                         std::to_string(a->cols.count) + "), got " +
+                                         std::to_string(a->exponentials_cols));
+  if (a->exponentials && (a->exponentials_panel < 0 || a->exponentials_panel % TILE_N != 0))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials_panel must be 0 or a multiple of " +
+                                         std::to_string(TILE_N) + ", got " + std::to_string(a->exponentials_panel));
+  const int64_t row_values = a->exponentials_panel > 0 ? a->exponentials_panel : kept_columns(*a);
+  if (a->exponentials && (a->ld_exponentials < row_values || a->ld_exponentials % 8 != 0 ||
                           reinterpret_cast<std::uintptr_t>(a->exponentials) % 16 != 0))
-    return fail(TLSE_HOP_E_ARGUMENT,
-                std::string(call) + ": exponentials must be 16-byte aligned with ld_exponentials >= cols.count (" +
-                    std::to_string(a->cols.count) + ") and a multiple of 8, got " + std::to_string(a->ld_exponentials));
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                         ": exponentials must be 16-byte aligned with ld_exponentials >= the kept "
+                                         "columns of a row (or panel: " +
+                                         std::to_string(row_values) + ") and a multiple of 8, got " +
+                                         std::to_string(a->ld_exponentials));
+  if (a->exponentials && a->exponentials_panel > 0 &&
+      (a->exponentials_panel_stride < a->rows.count * a->ld_exponentials || a->exponentials_panel_stride % 8 != 0))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                         ": exponentials_panel_stride must be a multiple of 8 of at "
+                                         "least rows.count * ld_exponentials (" +
+                                         std::to_string(a->rows.count * a->ld_exponentials) + "), got " +
+                                         std::to_string(a->exponentials_panel_stride));
   if (a->exponentials && !a->exponentials_shift)
     return fail(TLSE_HOP_E_ARGUMENT,
                 std::string(call) + ": exponentials are kept with their exponentials_shift, which is NULL");

@@ -10,7 +10,8 @@
 // (KeepExponentials) the tiles' exponentials are stored too, for a training step that turns them
 // into the gradient without recomputing the tiles: each as exp(x - s) in bf16 (through
 // StagedStore, half the bytes of the logits as floats), s the row's shift where the thread's part
-// of the row lies within TLSE_HOP_ROW_SHIFT_SPAN above it, else the part's own max.
+// of the row lies within TLSE_HOP_ROW_SHIFT_SPAN above it, else the part's own max; the tiles past
+// exponentials_cols only fold into the row states.
 #include "fragment_reductions.cuh"
 #include "staged_store.cuh"
 
@@ -22,10 +23,12 @@ struct LseForwardParams {
   DeviceLogitModel<T> logit;
   float *row_max, *row_sum;
   float *col_max, *col_sum, *col_logit_sum;
-  CUtensorMap exponentials_map;         // the kept exponentials (bf16, rows x cols), with KeepExponentials only
+  CUtensorMap exponentials_map;         // the kept exponentials (bf16, panels x rows x columns), KeepExponentials only
   float* exponentials_shift;            // the shift of each row's tile and quad lane, with KeepExponentials only
   int64_t exponentials_shift_ld;        // 4 x column tiles
   const float* exponentials_row_shift;  // by row, or nullptr (every part under its own max)
+  int64_t exponentials_cols;            // the tiles below it are kept (a multiple of TILE_N, or every column)
+  int32_t exponentials_panel_tiles;     // column tiles per layer of exponentials_map (a panel)
 };
 
 /// General: some tile may need the general logit model (bias, softcap, masks, column ids; the
@@ -52,6 +55,7 @@ struct LseForwardEpilogue {
   int ct;
   float run_max[ROWS], run_sum[ROWS];
   float kept_shift[ROWS];  // with KeepExponentials: the shifts the tile's kept exponentials are under
+  bool keeping = KeepExponentials;  // the tile's exponentials are kept (it lies below exponentials_cols)
   float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
   ModelColumn next_column;                                     // column ct's, General only
 
@@ -97,6 +101,7 @@ struct LseForwardEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t row0 = int64_t(m) * TILE_M, col0 = int64_t(n) * TILE_N;
+    if constexpr (KeepExponentials) keeping = col0 < p.exponentials_cols;
     if constexpr (Columns && !General)
       // The contrastive loss (row and column LSE), but for the last, partial column tile.
       if (p.col_max && !p.col_logit_sum && col0 + TILE_N <= p.cols.count && one_exponential(acc, c, w, m, row0, col0))
@@ -119,7 +124,8 @@ struct LseForwardEpilogue {
       else
         inside ? rows(acc, c, row0, col0) : rows<true>(acc, c, row0, col0);
     }
-    if constexpr (KeepExponentials) keep_tile(acc, c, row0, m, n);
+    if constexpr (KeepExponentials)
+      if (keeping) keep_tile(acc, c, row0, m, n);
     if constexpr (Columns) columns(acc, c, w, m, col0);
   }
 
@@ -164,7 +170,7 @@ struct LseForwardEpilogue {
   /// exponentials where the kernel does.
   template <class Acc>
   __device__ __forceinline__ void fold(Acc& acc, const Fragment& c, int r, float mx) {
-    if constexpr (KeepExponentials)
+    if (KeepExponentials && keeping)
       keep_row(acc, c, r, mx);
     else
       fold_row(acc, r, mx);
@@ -197,9 +203,10 @@ struct LseForwardEpilogue {
   /// while the tile is live (ptxas spilled 200-300 bytes per thread otherwise).
   template <class Acc>
   __device__ __forceinline__ void keep_tile(const Acc& acc, const Fragment& c, int64_t row0, int m, int n) {
-    StagedStore::put_rows<cutlass::bfloat16_t>(
-        s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n, c,
-        [&](int r, int j) { return kept_shift[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j); });
+    const int panel = n / p.exponentials_panel_tiles;
+    StagedStore::put_rows<cutlass::bfloat16_t, true>(
+        s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n - panel * p.exponentials_panel_tiles, c,
+        [&](int r, int j) { return kept_shift[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j); }, panel);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);

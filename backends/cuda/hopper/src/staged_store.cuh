@@ -36,10 +36,11 @@ struct StagedStore {
 
   /// The tensor map of a row-major matrix (rows x cols elements of `type`, leading dimension ld
   /// elements, 16-byte aligned) in boxes of 16 rows of 64 bytes; 0, or the failure (named after `call`).
-  /// With layers > 1, that many such matrices one after the other (rows x ld elements apart), a
-  /// box in one of them: TMA clips a box at its own matrix's last row.
+  /// With layers > 1, that many such matrices one after the other (layer_stride elements apart,
+  /// or rows x ld for 0), a box in one of them: TMA clips a box at its own matrix's last row. A
+  /// layer_stride > 0 makes the map three-dimensional even for one layer (put's Layers).
   static int describe(const char* call, CUtensorMap& map, CUtensorMapDataType type, void* data, int64_t rows,
-                      int64_t cols, int64_t ld, int64_t layers = 1);
+                      int64_t cols, int64_t ld, int64_t layers = 1, int64_t layer_stride = 0);
 
   /// Byte offset of (line, byte) in a box under the 64-byte swizzle (bits 4-5 ^= bits 7-8).
   __device__ __forceinline__ static uint32_t offset(int line, int byte) {

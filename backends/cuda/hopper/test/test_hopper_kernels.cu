@@ -244,15 +244,21 @@ double bf16_value(uint16_t bits) {
 /// below it). The row LSEs against the reference as in check_forward. Nothing written past the
 /// rows (a sentinel row follows), past each row's last 16 bytes (ld_exponentials pads each row:
 /// TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the shifts.
-void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool shifted) {
+/// keep_cols > 0: only the columns below it are kept (exponentials_cols), the LSEs over every column;
+/// panel > 0: in panels of that many columns (exponentials_panel), a gap of 24 values between them.
+void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool shifted, int64_t keep_cols = 0,
+                             int64_t panel = 0) {
+  const int64_t K = keep_cols > 0 ? keep_cols : C;                    // the kept columns
+  const int64_t P = panel > 0 ? panel : K, layers = (K + P - 1) / P;  // columns per panel, panels
   Operand A{TLSE_HOP_BF16, R, D}, B{TLSE_HOP_BF16, C, D};
   A.fill(0.5), B.fill(0.5);
   const std::vector<double> x = logits(A, B, scale);
   void *dA = A.device(), *dB = B.device();
-  const int64_t ld = (C + 7) / 8 * 8 + 8, max_splits = 8, ldm = 4 * ((C + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N);
+  const int64_t ld = (P + 7) / 8 * 8 + 8, max_splits = 8, ldm = 4 * ((K + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N);
+  const int64_t stride = R * ld + (panel > 0 ? 24 : 0);  // from a panel to the next
   const uint16_t sentinel = 0x7fc1;  // a NaN the kernel does not produce
   const float max_sentinel = 12345.f;
-  const std::vector<uint16_t> init(size_t((R + 1) * ld), sentinel);
+  const std::vector<uint16_t> init(size_t(layers * stride + ld), sentinel);  // a sentinel row past the end
   const std::vector<float> init_max(size_t((R + 1) * ldm), max_sentinel);
   std::vector<float> row_shift(size_t(R), -INFINITY);
   std::uniform_int_distribution<int64_t> column(0, C - 1);
@@ -275,11 +281,15 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.exponentials = kept, a.ld_exponentials = ld, a.exponentials_shift = shift;
   a.exponentials_row_shift = shifted ? d_row_shift : nullptr;
+  a.exponentials_cols = keep_cols;
+  a.exponentials_panel = panel, a.exponentials_panel_stride = panel > 0 ? stride : 0;
   a.max_col_splits = max_splits, a.max_row_groups = 1;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::string name = "kept exponentials " + std::to_string(R) + "x" + std::to_string(C) + "x" +
-                           std::to_string(D) + (shifted ? ", row shifts" : "");
+                           std::to_string(D) + (shifted ? ", row shifts" : "") +
+                           (keep_cols > 0 ? ", columns below " + std::to_string(keep_cols) + " kept" : "") +
+                           (panel > 0 ? " in panels of " + std::to_string(panel) : "");
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
   } else {
@@ -299,7 +309,7 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
     for (int64_t i = 0; i < R; ++i) {
       for (int64_t k = 0; k < ldm; ++k) {
         double ref = -INFINITY, tol = 0;
-        for (int64_t j = k / 4 * TLSE_HOP_TILE_N; j < std::min(C, (k / 4 + 1) * TLSE_HOP_TILE_N); ++j)
+        for (int64_t j = k / 4 * TLSE_HOP_TILE_N; j < std::min(K, (k / 4 + 1) * TLSE_HOP_TILE_N); ++j)
           if (slot(j) == k) ref = std::max(ref, x[i * C + j]), tol = std::max(tol, x_tol(i, j));
         const double got = hm[size_t(i * ldm + k)], r = row_shift[size_t(i)];
         double err;
@@ -319,20 +329,20 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
           std::max(worst_lse, std::fabs(merge_lse(row_max, row_sum, a.col_splits, R, i) - lse_along(x, i * C, 1, C)) /
                                   (std::ldexp(1.0, -20) * (amax + 1) * std::sqrt(double(D)) + 1e-5));
     }
-    for (int64_t i = 0; i <= R; ++i)
-      for (int64_t j = 0; j < ld; ++j) {
-        const uint16_t got = h[size_t(i * ld + j)];
-        if (i == R || j >= (C + 7) / 8 * 8) {
-          outside += got != sentinel;
-          continue;
-        }
-        if (j >= C) continue;  // the row's last 16-byte chunk: written whole, values not to be read
-        const double s = hm[size_t(i * ldm + slot(j))];
-        const double ref = std::exp(x[i * C + j] - s);
-        const double tol = ref * (std::ldexp(1.0, -8) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -21)) + 0x1p-126;
-        const double e = bf16_value(got);
-        worst_e = std::isnan(e) ? INFINITY : std::max(worst_e, std::fabs(e - ref) / tol);
+    for (int64_t q = 0; q < int64_t(h.size()); ++q) {
+      const int64_t layer = q / stride, i = q % stride / ld, jl = q % stride % ld, j = layer * P + jl;
+      const uint16_t got = h[size_t(q)];
+      if (layer >= layers || i >= R || jl >= (P + 7) / 8 * 8 || j >= (K + 7) / 8 * 8) {
+        outside += got != sentinel;
+        continue;
       }
+      if (j >= K) continue;  // the row's last 16-byte chunk: written whole, values not to be read
+      const double s = hm[size_t(i * ldm + slot(j))];
+      const double ref = std::exp(x[i * C + j] - s);
+      const double tol = ref * (std::ldexp(1.0, -8) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -21)) + 0x1p-126;
+      const double e = bf16_value(got);
+      worst_e = std::isnan(e) ? INFINITY : std::max(worst_e, std::fabs(e - ref) / tol);
+    }
     char buf[240];
     std::snprintf(buf, sizeof buf,
                   ": parts under the row's shift %ld, their own max %ld; error/tolerance shift %.3f, e %.3f, lse "
@@ -802,7 +812,13 @@ void check_arguments() {
   a.ld_exponentials = 304, a.exponentials_shift = nullptr;
   refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_shift, which is NULL",
           "forward: exponentials without their shifts");
-  a.exponentials_shift = part;
+  a.exponentials_shift = part, a.exponentials_cols = 100;
+  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_cols must be 0 or a multiple of 256",
+          "forward: exponentials_cols 100");
+  a.exponentials_cols = 0, a.exponentials_panel = 256, a.exponentials_panel_stride = 304;
+  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_panel_stride must be a multiple of 8 of at least",
+          "forward: panels closer than their rows");
+  a.exponentials_panel = 0;
   a.rows.position = reinterpret_cast<const int32_t*>(data);
   refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: exponentials by position");
   a = forward();
@@ -868,6 +884,8 @@ int main() {
   for (bool shifted : {false, true}) {
     check_kept_exponentials(300, 1001, 200, 1.0, shifted);
     check_kept_exponentials(129, 2050, 72, 30.0, shifted);
+    check_kept_exponentials(300, 1001, 200, 1.0, shifted, 512);        // a prefix of the columns
+    check_kept_exponentials(300, 1500, 200, 1.0, shifted, 1280, 512);  // in panels, the last one partial
   }
   std::printf("backward (gradient panel, products):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_TF32}) {

@@ -92,10 +92,8 @@ struct LseStepSpecialization<Kokkos::Cuda> {
   template <class T>
   static std::size_t scratch_bytes(const Kokkos::Cuda& exec, const BackwardShape& shape) {
 #if defined(TLSE_HAVE_HOPPER)
-    cuda::StepPlan plan;
-    if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
-        cuda::LseStepHopper::plan<T>(exec.cuda_device(), shape, plan))
-      return plan.bytes;
+    if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper)
+      return cuda::LseStepHopper::scratch_bytes<T>(exec.cuda_device(), shape);
 #else
     (void)exec, (void)shape;
 #endif

@@ -132,16 +132,33 @@ struct LseBackwardHopper {
     WorkspaceCarver carver(base);
     const FusedBackwardPlan::Buffers buf = plan.carve(carver);
     const index_t R = rows.count, D = prob.depth;
+    const bool want_rows = r.grad_rows != nullptr;
+    const bool rows_in_acc = want_rows && !plan.two_passes();
+    if (rows_in_acc) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
+    // Two passes: the row panels first, so that the self-similarity form's column products can
+    // add into the rows' gradient they leave (the workspace serves one pass, then the other).
+    if (want_rows && plan.two_passes()) row_panels<T>(stream, r, rows, plan, base);
+    column_panels<T>(stream, r, rows, plan, buf, 0);
+    if (rows_in_acc) {
+      finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.acc, R * D, r.grad_rows, r.accumulate);
+      check_launch("finish_rows_kernel");
+    }
+    return true;
+  }
+
+  /// The column panels (steps 1-3 above) from column first_col on, into buf.acc as it stands
+  /// (dA's sum over the panels before first_col, or zeros) when dA is summed there.
+  template <class T>
+  static void column_panels(cudaStream_t stream, const BackwardRequest<T, float>& r, const tlse_hop_side& rows,
+                            const FusedBackwardPlan& plan, const FusedBackwardPlan::Buffers& buf, index_t first_col) {
+    const TileProblem<T, float>& prob = r.prob;
+    const index_t R = rows.count, D = prob.depth;
     const bool self = r.cols_into_rows;
     T* grad_rows = r.grad_rows;
     T* grad_cols = self ? nullptr : r.grad_cols;
     const bool want_rows = grad_rows != nullptr, want_cols = grad_cols != nullptr || (self && want_rows);
     const bool rows_in_acc = want_rows && !plan.two_passes();
     const bool tf32 = plan.tf32();
-    if (rows_in_acc) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
-    // Two passes: the row panels first, so that the self-similarity form's column products can
-    // add into the rows' gradient they leave (the workspace serves one pass, then the other).
-    if (want_rows && plan.two_passes()) row_panels<T>(stream, r, rows, plan, base);
     tlse_hop_gradient_args g = gradient_args<T>(r, rows);
     // bf16: G serves both products. TF32: G for dA, G^T for dB.
     g.G = rows_in_acc || (!tf32 && want_cols) ? buf.G : nullptr;
@@ -154,7 +171,7 @@ struct LseBackwardHopper {
     const T* B = prob.cols.data;
     if (tf32 && want_cols)  // after the row panels, whose workspace this shares
       transpose_tf32(stream, reinterpret_cast<const float*>(rows.data), rows.ld, R, D, buf.At, plan.ldgt());
-    for (index_t first = 0; first < prob.cols.count; first += plan.panel) {
+    for (index_t first = first_col; first < prob.cols.count; first += plan.panel) {
       const index_t width = std::min(plan.panel, prob.cols.count - first);
       // The panel's columns: in place, or gathered through the index (the panel is then the
       // whole gathered side, and the index gives the ids).
@@ -222,11 +239,6 @@ struct LseBackwardHopper {
         check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
       }
     }
-    if (rows_in_acc) {
-      finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.acc, R * D, grad_rows, r.accumulate);
-      check_launch("finish_rows_kernel");
-    }
-    return true;
   }
 
  private:

@@ -13,8 +13,10 @@
 //   3. dA_chunk = G B = diag(c) (E' B) (tlse_hop_product, c its row scale): complete, written to
 //      the chunk's gradient rows;
 //   4. dB (+)= G^T A_chunk = E'^T A': written, or summed over the chunks in an fp32 accumulator.
-// Fixed order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every
-// entry of G is computed anyway) and the columns in their stored order.
+// Under a budget that holds no chunk, the same kernels keep the exponentials of a part of the
+// columns in the caller's dB instead (run_kept_columns). Fixed order, fixed-order sums, no
+// atomics: bitwise reproducible. No gradient filtering (every entry of G is computed anyway) and
+// the columns in their stored order.
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/hopper_backward.hpp>
 #include <tlse/backends/cuda/hopper_step_plan.hpp>
@@ -22,18 +24,33 @@
 
 namespace tlse::impl::cuda {
 
-/// times * exp(s - l) for the shifts s of an eight's four pairs of columns; 0 where s = -inf (e
-/// = 0 there; no NaN from l = -inf).
-__device__ inline void pair_factors(const float (&s)[4], float l, float times, float (&f)[4]) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) f[q] = s[q] == -infinity<float>() ? 0.f : times * expf(s[q] - l);
-}
+/// exp(x - l) of a kept exponential e = exp(x - s) (bf16, up to e^SPAN): from x = s + log(e), not
+/// as e * exp(s - l), whose second factor underflows float (s - l < -103) while e^SPAN would have
+/// lifted the product back into range (a part under the row's shift, in a row whose LSE lies far
+/// above it: seen as dC errors up to 23x the bound on tiny classes, logits of std 30). 0 where e
+/// = 0 (s = -inf among them; no NaN from l = -inf). Where s - l >= -80, e * exp(s - l) is as good.
+__device__ inline float probability(float e, float s, float l) { return e == 0.f ? 0.f : expf(s + logf(e) - l); }
+
+/// Where the forward kept the exponentials of a chunk's rows (bf16): row p's of column j at
+/// p * ld + j, or in panels of `panel` columns (a multiple of 8), panel k = j / panel at
+/// k * panel_stride + p * ld + j - k * panel.
+struct KeptLayout {
+  void* data = nullptr;
+  index_t ld = 0, panel = 0, panel_stride = 0;
+  template <class T>
+  __device__ T* at(index_t p, index_t j) const {
+    const index_t k = panel > 0 ? j / panel : 0;
+    return static_cast<T*>(data) + k * panel_stride + p * ld + (j - k * panel);
+  }
+};
 
 /// A block per row p of the chunk (row id `id[first + p]`, or first + p), after the forward kept
-/// its exponentials e = exp(x - s) (bf16; s = shift[p][4 tile + (j mod 8) / 2], tlse_hopper.h) under
-/// the row's shift r = target_logit[first + p] where it could. Merges the forward's `splits`
-/// states (max[k][p], sum[k][p]) into the row's LSE l (lse[id]), then, with g = coef (1 + 2 z l),
-/// w = coef, and dL/dz = g exp(x - l) - [j == t] w:
+/// its exponentials e = exp(x - s) of the columns below `cols` (bf16, where `kept` says; s =
+/// shift[p][4 tile + (j mod 8) / 2], tlse_hopper.h) under the row's shift r = target_logit[first +
+/// p] where it could.
+/// Merges the forward's `splits` states (max[k][p], sum[k][p]) into the row's LSE l (lse[id]),
+/// then, with g = coef (1 + 2 z l) (to row_g[id], unless NULL), w = coef, and dL/dz = g exp(x - l)
+/// - [j == t] w (the target's term only for a target among the kept columns):
 ///   - Factored (no softcap, dx/dz = 1): G = diag(c) E', so that the products need no pass over
 ///     the exponentials: c = scale g exp(r - l) goes to row_scale[p], the target's entry becomes
 ///     e'_t = (g p_t - w) / (g exp(r - l)), and the row's input row times c to scaled_rows[p] (bf16;
@@ -44,12 +61,12 @@ __device__ inline void pair_factors(const float (&s)[4], float l, float times, f
 /// The target's term takes its logit from target_logit (the loss's): e does not tell a masked
 /// target (no term) from one far below the row's shift, nor give dx/dz where e underflows.
 template <class T, bool Factored>
-__global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const float* shift, index_t ld_shift,
+__global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const float* shift, index_t ld_shift,
                                                 const float* max, const float* sum, int splits, index_t chunk_rows,
                                                 index_t first, const int* id_of, index_t cols, const int* target,
                                                 const float* target_logit, const float* coef, float z_loss,
-                                                const LogitModel<T, float> model, float* lse, float* row_scale,
-                                                const T* rows, T* scaled_rows, index_t depth) {
+                                                const LogitModel<T, float> model, float* lse, float* row_g,
+                                                float* row_scale, const T* rows, T* scaled_rows, index_t depth) {
   static_assert(std::is_same<T, bfloat16>::value, "the step keeps its exponentials and G in bf16");
   const index_t p = blockIdx.x;
   const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
@@ -68,11 +85,17 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
   __syncthreads();
   const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
   const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
+  if (row_g && threadIdx.x == 0) row_g[id] = g;
   struct alignas(16) Eight {
     T v[8];
   };
   const float* row_shift = shift + p * ld_shift;
-  Eight* row = reinterpret_cast<Eight*>(static_cast<T*>(exps) + p * ld);  // ld is a multiple of 8
+  // ld, panel and panel_stride are multiples of 8: eights are 16-byte aligned, none straddles panels.
+  // Without panels, the row's eights one after the other, as KeptLayout::at would give them.
+  Eight* const row = reinterpret_cast<Eight*>(static_cast<T*>(kept.data) + p * kept.ld);
+  const auto eight_at = [&](index_t eight) {
+    return kept.panel == 0 ? row + eight : reinterpret_cast<Eight*>(kept.at<T>(p, 8 * eight));
+  };
   // Each eight of the row in place through f(its values, the shifts of its four pairs, its first
   // column): IN_FLIGHT eights per thread are loaded before any is written back, since the stores
   // go to the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s
@@ -89,7 +112,7 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
       for (int u = 0; u < IN_FLIGHT; ++u) {
         const index_t eight = first_eight + u * stride;
         if (eight < eights) {
-          in[u] = row[eight];
+          in[u] = *eight_at(eight);
           s4[u] = *reinterpret_cast<const float4*>(row_shift + 4 * (8 * eight / FusedBackwardPlan::TILE_N));
         }
       }
@@ -98,7 +121,7 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
         const index_t eight = first_eight + u * stride;
         if (eight >= eights) continue;
         const float shifts[4] = {s4[u].x, s4[u].y, s4[u].z, s4[u].w};
-        row[eight] = f(in[u], shifts, 8 * eight);
+        *eight_at(eight) = f(in[u], shifts, 8 * eight);
       }
     }
   };
@@ -109,11 +132,9 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     const float r = own_max ? l : r0;
     if (own_max)
       each_eight([&](const Eight& in, const float(&shifts)[4], index_t) {
-        float f[4];
-        pair_factors(shifts, l, 1.f, f);
         Eight out;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(to_acc<float>(in.v[k]) * f[k / 2]);
+        for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(probability(to_acc<float>(in.v[k]), shifts[k / 2], l));
         return out;
       });
     const float a = l == -infinity<float>() ? 0.f : expf(r - l);  // the row's exponentials to probabilities
@@ -122,7 +143,7 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     if (threadIdx.x == 0) {
       row_scale[p] = c;
       if (c != 0.f && x_t != -infinity<float>())
-        reinterpret_cast<T*>(row)[t] = from_acc<T>((g * expm1f(x_t - l) + (g - w)) / (g * a));
+        *kept.at<T>(p, t) = from_acc<T>((g * expm1f(x_t - l) + (g - w)) / (g * a));
     }
     if (scaled_rows) {  // 16 bytes at a time (depth is a multiple of 8, the rows 16-byte aligned)
       const Eight* in = reinterpret_cast<const Eight*>(rows + p * depth);
@@ -139,19 +160,24 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
     const float target_dx_dz = model.dx_dz(x_t);
     const bool softcap = model.softcap > 0.f;
     each_eight([&](const Eight& in, const float(&shifts)[4], index_t j) {
-      float fs[4];
-      pair_factors(shifts, l, g, fs);
+      // exp(s - l) once per pair where it cannot underflow (then e exp(s - l) is exact to float's
+      // rounding); else -1: probability() per entry (an exponential more per entry made the
+      // step at N=8192 with a softcap 1.5-2.7% slower).
+      float factor[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) factor[q] = shifts[q] - l >= -80.f ? expf(shifts[q] - l) : -1.f;
       Eight out;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const float e = to_acc<float>(in.v[k]), f = fs[k / 2];
+        const float e = to_acc<float>(in.v[k]), s = shifts[k / 2], f = factor[k / 2];
+        const float p = f >= 0.f ? e * f : probability(e, s, l);
         float dz;
         if (j + k == t)
-          dz = x_t == -infinity<float>() ? 0.f : (e * f - w) * target_dx_dz;
+          dz = x_t == -infinity<float>() ? 0.f : (g * p - w) * target_dx_dz;
         else if (j + k >= cols || e == 0.f)
           dz = 0.f;
         else
-          dz = e * f * (softcap ? model.dx_dz(shifts[k / 2] + logf(e)) : 1.f);
+          dz = g * p * (softcap ? model.dx_dz(s + logf(e)) : 1.f);
         out.v[k] = from_acc<T>(dz * model.scale);
       }
       return out;
@@ -160,25 +186,39 @@ __global__ void exponentials_to_gradient_kernel(void* exps, index_t ld, const fl
 }
 
 struct LseStepHopper {
-  /// The plan for a shape, when the step takes it (bf16; depth a multiple of 8).
+  /// The workspace of the step for a shape, 0 when the step does not take it (bf16; depth a
+  /// multiple of 8): chunks of rows (StepPlan) when the budget holds one, else, for a call that
+  /// does not add into its gradients, the kept columns (KeptColumnsPlan).
   template <class T>
-  static bool plan(int device, const BackwardShape& s, StepPlan& out) {
-    if (!std::is_same<T, bfloat16>::value || s.depth % 8 != 0) return false;
-    out = StepPlan::make(s.rows, s.cols, s.depth, s.memory_budget, multiprocessors(device));
-    return out.fits;
+  static std::size_t scratch_bytes(int device, const BackwardShape& s) {
+    if (!std::is_same<T, bfloat16>::value || s.depth % 8 != 0) return 0;
+    const int sms = multiprocessors(device);
+    const StepPlan chunks = StepPlan::make(s.rows, s.cols, s.depth, s.memory_budget, sms);
+    if (chunks.fits) return chunks.bytes;
+    if (s.accumulate) return 0;
+    const KeptColumnsPlan kept = KeptColumnsPlan::make(s.rows, s.cols, s.depth, s.memory_budget, sms);
+    return kept.fits ? kept.bytes : 0;
   }
 
   /// Runs the step on `stream`; false when it does not qualify (the forward and backward then run).
   static bool run(cudaStream_t stream, int device, const StepRequest<bfloat16, float>& r) {
-    using T = bfloat16;
-    const TileProblem<T, float>& prob = r.prob;
+    const TileProblem<bfloat16, float>& prob = r.prob;
     const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
     if (r.scratch == nullptr || r.target_logit == nullptr || R <= 0 || prob.cols.index != nullptr || D % 8 != 0 ||
         reinterpret_cast<std::uintptr_t>(prob.rows.data) % 16 != 0 ||
         reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
       return false;
     const StepPlan plan = StepPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
-    if (!plan.fits) return false;
+    if (plan.fits) return run_chunks(stream, plan, r);
+    return run_kept_columns(stream, device, r);
+  }
+
+ private:
+  /// Per chunk of rows: the steps at the top of this file.
+  static bool run_chunks(cudaStream_t stream, const StepPlan& plan, const StepRequest<bfloat16, float>& r) {
+    using T = bfloat16;
+    const TileProblem<T, float>& prob = r.prob;
+    const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
     WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
     const StepPlan::Buffers buf = plan.carve(carver);
     const bool several = plan.chunks() > 1;
@@ -196,31 +236,23 @@ struct LseStepHopper {
         check_launch("gather_rows_kernel");
         chunk = reinterpret_cast<const T*>(buf.chunk_rows);
       }
-      tlse_hop_forward_args f{};
-      f.dtype = TLSE_HOP_BF16;
-      f.rows = tlse_hop_side{chunk, D, rows, nullptr, nullptr, 0};
-      f.cols = tlse_hop_side{prob.cols.data, D, V, nullptr, nullptr, 0};
-      f.depth = D;
-      f.logit = hopper_logit(prob.logit);
-      f.row_max = f.row_sum = buf.partials;
-      f.exponentials = buf.exponentials, f.ld_exponentials = plan.ld_exponentials, f.exponentials_shift = buf.shifts;
-      f.exponentials_row_shift = r.target_logit + first;  // a logit of the row: at most its LSE
-      f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
-      check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
-      f.row_sum = buf.partials + f.col_splits * rows;
-      check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (exponentials kept)");
+      // The row shift: a logit of the row, at most its LSE.
+      const tlse_hop_forward_args f =
+          forward_keeping(stream, prob, chunk, rows, KeptLayout{buf.exponentials, plan.ld_exponentials}, 0, buf.shifts,
+                          r.target_logit + first, buf.partials);
 
       const auto to_gradient =
           factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
       T* scaled_rows = factored && r.grad_cols ? reinterpret_cast<T*>(buf.chunk_rows) : nullptr;
-      to_gradient<<<unsigned(rows), 256, 0, stream>>>(buf.exponentials, plan.ld_exponentials, buf.shifts,
+      to_gradient<<<unsigned(rows), 256, 0, stream>>>(KeptLayout{buf.exponentials, plan.ld_exponentials}, buf.shifts,
                                                       plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), rows,
                                                       first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss,
-                                                      prob.logit, r.lse, buf.row_scale, chunk, scaled_rows, D);
+                                                      prob.logit, r.lse, nullptr, buf.row_scale, chunk, scaled_rows, D);
       check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
-        tlse_hop_product_args p = product(plan, buf, plan.k_splits_rows);
+        tlse_hop_product_args p = exponentials_product(buf.exponentials, plan.ldg(), D, buf.k_partials,
+                                                       plan.k_partial_floats(), plan.k_splits_rows);
         p.row_scale = factored ? buf.row_scale : nullptr;
         p.b = prob.cols.data, p.ldb = D, p.b_transposed = 1;
         p.M = rows, p.N = D, p.K = V;
@@ -230,7 +262,8 @@ struct LseStepHopper {
         check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
       }
       if (r.grad_cols) {  // dB (+)= G^T A_chunk
-        tlse_hop_product_args p = product(plan, buf, plan.k_splits_cols);
+        tlse_hop_product_args p = exponentials_product(buf.exponentials, plan.ldg(), D, buf.k_partials,
+                                                       plan.k_partial_floats(), plan.k_splits_cols);
         p.a_transposed = 1;
         p.b = scaled_rows ? scaled_rows : chunk, p.ldb = D, p.b_transposed = 1;
         p.M = V, p.N = D, p.K = rows;
@@ -251,16 +284,115 @@ struct LseStepHopper {
     return true;
   }
 
- private:
-  /// The arguments both products share: G, or E' (bf16 over the chunk's exponentials), as operand
-  /// A, the split partials.
-  static tlse_hop_product_args product(const StepPlan& plan, const StepPlan::Buffers& buf, int k_splits) {
+  /// Under a budget that holds no chunk of rows (KeptColumnsPlan): every row scored (no row
+  /// index), dA and dB wanted and written, not added into, since their storage holds A' and the
+  /// kept exponentials until their values go there:
+  ///   1. the forward over every column, keeping the exponentials of the first `kept` columns in
+  ///      panels in dB's storage, each past dB's rows of the panels up to its own;
+  ///   2. exponentials_to_gradient_kernel over those columns (the row LSEs, g, c, and A' in dA's
+  ///      storage);
+  ///   3. per kept panel k: dB_k = E_k'^T A' (or G_k^T A under a softcap) into dB's rows of the
+  ///      panel, then acc (+)= diag(c) E_k' B_k (or G_k B_k);
+  ///   4. the fused backward's column panels from `kept` on (the recomputed G overwrites nothing
+  ///      of the exponentials', dB's rows past `kept` do, no longer read), adding into acc; then
+  ///      dA = acc.
+  static bool run_kept_columns(cudaStream_t stream, int device, const StepRequest<bfloat16, float>& r) {
+    using T = bfloat16;
+    const TileProblem<T, float>& prob = r.prob;
+    const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
+    if (prob.rows.index != nullptr || r.grad_rows == nullptr || r.grad_cols == nullptr || r.accumulate ||
+        reinterpret_cast<std::uintptr_t>(r.grad_rows) % 16 != 0 ||
+        reinterpret_cast<std::uintptr_t>(r.grad_cols) % 16 != 0)
+      return false;
+    const KeptColumnsPlan plan = KeptColumnsPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
+    if (!plan.fits) return false;
+    WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
+    const KeptColumnsPlan::Buffers buf = plan.carve(carver);
+    const KeptLayout kept{r.grad_cols + plan.exponentials_offset(), plan.ld_exponentials(), plan.panel,
+                          plan.panel_stride()};
+    const bool factored = !(prob.logit.softcap > 0.f);
+    const T* rows = prob.rows.data;
+
+    const tlse_hop_forward_args f =
+        forward_keeping(stream, prob, rows, R, kept, plan.kept, buf.shifts, r.target_logit, buf.partials);
+
+    const auto to_gradient =
+        factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
+    T* scaled_rows = factored ? r.grad_rows : nullptr;
+    to_gradient<<<unsigned(R), 256, 0, stream>>>(
+        kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), R, 0, nullptr, plan.kept, r.target,
+        r.target_logit, r.coef, r.z_loss, prob.logit, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
+    check_launch("exponentials_to_gradient_kernel");
+
+    for (index_t k = 0; k < plan.kept_panels(); ++k) {
+      const T* panel = static_cast<const T*>(kept.data) + k * kept.panel_stride;
+      tlse_hop_product_args p =
+          exponentials_product(panel, kept.ld, D, buf.k_partials, plan.k_partial_floats(), plan.k_splits_cols);
+      p.a_transposed = 1;  // dB_k = G_k^T A
+      p.b = scaled_rows ? scaled_rows : rows, p.ldb = D, p.b_transposed = 1;
+      p.M = plan.panel, p.N = D, p.K = R;
+      p.out = r.grad_cols + k * plan.panel * D;
+      check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (a kept panel)");
+      p = exponentials_product(panel, kept.ld, D, buf.k_partials, plan.k_partial_floats(),
+                               plan.k_splits_rows);  // acc (+)= G_k B_k
+      p.row_scale = factored ? buf.row_scale : nullptr;
+      p.b = prob.cols.data + k * plan.panel * D, p.ldb = D, p.b_transposed = 1;
+      p.M = R, p.N = D, p.K = plan.panel;
+      p.out_f32 = buf.panels.acc;
+      p.accumulate = k > 0;
+      check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows, a kept panel)");
+    }
+
+    BackwardRequest<T, float> b;
+    b.prob = prob;
+    b.row_terms = {r.lse, buf.g, r.target, r.coef};
+    b.grad_rows = r.grad_rows;
+    b.grad_cols = r.grad_cols;
+    const tlse_hop_side row_side{rows, D, R, nullptr, nullptr, 0};
+    LseBackwardHopper::column_panels<T>(stream, b, row_side, plan.panels, buf.panels, plan.kept);
+    finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.panels.acc, R * D, r.grad_rows, false);
+    check_launch("finish_rows_kernel");
+    return true;
+  }
+
+  /// The forward sweep of `count` rows (from `rows`) against every column of prob, keeping the
+  /// exponentials of the columns below kept_cols (0: all) where `kept` says, under the rows'
+  /// shifts row_shift (the shifts per part to `shifts`), the row LSE states to `partials`
+  /// (MAX_SWEEP_SPLITS x 2 x count); returns its arguments (row_max, row_sum, col_splits).
+  static tlse_hop_forward_args forward_keeping(cudaStream_t stream, const TileProblem<bfloat16, float>& prob,
+                                               const bfloat16* rows, index_t count, const KeptLayout& kept,
+                                               index_t kept_cols, float* shifts, const float* row_shift,
+                                               float* partials) {
+    static_assert(StepPlan::MAX_SWEEP_SPLITS == KeptColumnsPlan::MAX_SWEEP_SPLITS, "one size of partials");
+    const index_t D = prob.depth;
+    tlse_hop_forward_args f{};
+    f.dtype = TLSE_HOP_BF16;
+    f.rows = tlse_hop_side{rows, D, count, nullptr, nullptr, 0};
+    f.cols = tlse_hop_side{prob.cols.data, D, prob.cols.count, nullptr, nullptr, 0};
+    f.depth = D;
+    f.logit = hopper_logit(prob.logit);
+    f.row_max = f.row_sum = partials;
+    f.exponentials = kept.data, f.ld_exponentials = kept.ld, f.exponentials_shift = shifts;
+    f.exponentials_row_shift = row_shift;
+    f.exponentials_cols = kept_cols;
+    f.exponentials_panel = kept.panel, f.exponentials_panel_stride = kept.panel_stride;
+    f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
+    check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
+    f.row_sum = partials + f.col_splits * count;
+    check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (exponentials kept)");
+    return f;
+  }
+
+  /// The arguments a product of kept exponentials (or G: bf16) as operand A shares: a with its
+  /// leading dimension, the output's, the K splits and their partials.
+  static tlse_hop_product_args exponentials_product(const void* a, index_t lda, index_t depth, float* partials,
+                                                    std::int64_t partial_floats, int k_splits) {
     tlse_hop_product_args p{};
     p.dtype = TLSE_HOP_BF16;
-    p.a = buf.exponentials, p.lda = plan.ldg();
-    p.ldo = plan.depth;
-    p.workspace = buf.k_partials;
-    p.workspace_bytes = std::size_t(plan.k_partial_floats()) * sizeof(float);
+    p.a = a, p.lda = lda;
+    p.ldo = depth;
+    p.workspace = partials;
+    p.workspace_bytes = std::size_t(partial_floats) * sizeof(float);
     p.max_k_splits = k_splits;
     return p;
   }

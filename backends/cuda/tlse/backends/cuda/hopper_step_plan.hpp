@@ -6,7 +6,8 @@
 // of having the backward recompute them; once the rows' LSEs are known, G is their row-scaled
 // multiple (with a softcap, a pass turns them into G in place), then dA_chunk = G B is complete
 // (every column is in the chunk) and dB (+)= G^T A_chunk. dB goes to an fp32 accumulator (cols x depth)
-// summed over the chunks in order, unless one chunk holds every row. Host arithmetic only, so
+// summed over the chunks in order, unless one chunk holds every row. Under a budget that holds no
+// chunk, KeptColumnsPlan keeps a part of the columns instead (below). Host arithmetic only, so
 // that the host suite checks it.
 #include <algorithm>
 #include <cstddef>
@@ -91,6 +92,128 @@ struct StepPlan {
       }
     }
     return StepPlan{};
+  }
+};
+
+/// The step under a budget that holds no chunk of rows (StepPlan) but does hold the fused
+/// backward's buffers, for a call that writes dA and dB (not adding into them): the forward keeps
+/// the exponentials of the first `kept` columns only, in panels of `panel` columns, and in dB's
+/// storage (cols x depth bf16, the caller's, written only at the end of its use here). Panel k's
+/// exponentials (rows x panel) lie past dB's rows of panels 0..k, since dB_k = E_k'^T A' writes
+/// those rows while it reads them: at panel x depth + k x stride, stride = panel x max(rows, depth)
+/// elements. A' = diag(c) A lives in dA's storage until dA is written from the accumulator. The
+/// kept columns take 3 products (the forward, dB_k, dA += G_k B_k into the accumulator), the others
+/// the fused backward's panels (4), which add into the same accumulator in order.
+struct KeptColumnsPlan {
+  static constexpr std::int64_t TILE_N = FusedBackwardPlan::TILE_N;
+  static constexpr int MAX_SWEEP_SPLITS = FusedBackwardPlan::MAX_SWEEP_SPLITS;
+  /// Below cols / MIN_KEPT_PART kept columns the recomputation saved no longer pays for the
+  /// exponentials' pass over the rows and the extra products' launches.
+  static constexpr std::int64_t MIN_KEPT_PART = 8;
+  /// What a kept panel costs besides its products, in columns of recomputation: its accumulating
+  /// product's extra read and write of the rows x depth fp32 accumulator (8 bytes per element at
+  /// HBM's rate) against recomputing a column (2 flops per element at the tensor cores' rate) is
+  /// 400-800 columns whatever the shape, plus two launches. A model (make()), not a measurement.
+  static constexpr std::int64_t PANEL_COST_COLS = 512;
+
+  std::int64_t rows = 0, cols = 0, depth = 0;
+  std::int64_t panel = 0;                    // kept columns per panel: a multiple of TILE_N
+  std::int64_t kept = 0;                     // panels x panel, below cols
+  FusedBackwardPlan panels;                  // for the columns past `kept`
+  int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G_k B_k (K = panel) and dB_k (K = rows)
+  std::size_t bytes = 0;                     // workspace of the plan
+  bool fits = false;
+
+  std::int64_t kept_panels() const { return panel > 0 ? kept / panel : 0; }
+  std::int64_t ld_exponentials() const { return panel; }
+  std::int64_t ld_shifts() const { return 4 * kept / TILE_N; }
+  /// Elements from a panel of exponentials to the next: past the next panel's rows of dB.
+  std::int64_t panel_stride() const { return panel * std::max(rows, depth); }
+  /// Where the exponentials start in dB's storage, in elements: past dB's rows of the first panel.
+  std::int64_t exponentials_offset() const { return panel * depth; }
+  /// The columns kept in panels of `panel`: as many whole panels as fit in dB's storage.
+  static std::int64_t kept_in_panels(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel) {
+    if (panel >= cols) return 0;
+    return (cols - panel) * depth / (panel * std::max(rows, depth)) * panel;
+  }
+
+  struct Buffers {
+    float* g;                           // rows: the rows' softmax weights g = coef (1 + 2 z lse), the panels' row terms
+    FusedBackwardPlan::Buffers panels;  // its accumulator first: dA over every column
+    // Before the first panel, over the panels' arrays past the accumulator:
+    float* shifts;      // rows x ld_shifts: the shifts the kept exponentials are under
+    float* row_scale;   // rows: G's row factors c (G = diag(c) E')
+    float* partials;    // MAX_SWEEP_SPLITS x 2 x rows: the forward's row LSE states
+    float* k_partials;  // the kept products' K-split partials
+  };
+  Buffers carve(WorkspaceCarver& c) const {
+    Buffers b;
+    b.g = c.take<float>(rows);
+    char* shared = c.take<char>(0);
+    WorkspaceCarver panel_side(shared), kept_side(shared);
+    b.panels = panels.carve(panel_side);
+    kept_side.take<float>(rows * depth);  // the accumulator, carved first on both sides
+    b.shifts = kept_side.take<float>(rows * ld_shifts());
+    b.row_scale = kept_side.take<float>(rows);
+    b.partials = kept_side.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * rows);
+    b.k_partials = kept_side.take<float>(k_partial_floats());
+    c.take<char>(std::int64_t(std::max(panel_side.bytes(), kept_side.bytes())));
+    return b;
+  }
+  std::int64_t k_partial_floats() const {
+    return std::max<std::int64_t>(k_splits_rows > 1 ? k_splits_rows * rows * depth : 0,
+                                  k_splits_cols > 1 ? k_splits_cols * panel * depth : 0);
+  }
+
+  /// The plan keeping `kept` columns in panels of `panel`, its products split in K where few
+  /// output tiles ask for it (split) or not, the panels' the one FusedBackwardPlan picks for the
+  /// rest under what the budget leaves; fits = false where those are the two passes (no
+  /// accumulator) or the whole exceeds the budget.
+  static KeptColumnsPlan with_kept(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel,
+                                   std::int64_t kept, std::size_t budget, int sms, bool split = true) {
+    KeptColumnsPlan p;
+    p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel, p.kept = kept;
+    if (split) {
+      p.k_splits_rows = FusedBackwardPlan::product_k_splits(rows, depth, panel, sms, FusedBackwardPlan::K_STEP);
+      p.k_splits_cols = FusedBackwardPlan::product_k_splits(panel, depth, rows, sms, FusedBackwardPlan::K_STEP);
+    }
+    WorkspaceCarver g_only;
+    g_only.take<float>(rows);
+    if (budget <= g_only.bytes()) return p;
+    p.panels = FusedBackwardPlan::make(rows, cols - kept, depth, budget - g_only.bytes(), sms);
+    WorkspaceCarver sizing;
+    p.carve(sizing);
+    p.bytes = sizing.bytes();
+    p.fits = p.panels.fits && !p.panels.two_passes() && p.bytes <= budget;
+    return p;
+  }
+
+  /// The panel width (up to FusedBackwardPlan::MAX_PANEL) whose kept columns save the most
+  /// (the wider on a tie), then the most of its panels that fit the budget (at least cols /
+  /// MIN_KEPT_PART columns), split products first; fits = false when none do. A kept column saves
+  /// its recomputation but for what dB_k's last wave leaves idle (efficiency e: its tiles over
+  /// whole waves of the device, 1 where K splits fill it): 2 - 1/e columns' worth of products,
+  /// less PANEL_COST_COLS per panel.
+  static KeptColumnsPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
+    if (rows <= 0 || cols <= 0 || depth <= 0 || sms <= 0) return KeptColumnsPlan{};
+    std::int64_t panel = 0;
+    double best = 0;
+    for (std::int64_t width = TILE_N; width <= FusedBackwardPlan::MAX_PANEL; width += TILE_N) {
+      const std::int64_t kept = kept_in_panels(rows, cols, depth, width);
+      const std::int64_t tiles = (width + FusedBackwardPlan::TILE_M - 1) / FusedBackwardPlan::TILE_M *
+                                 ((depth + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N);
+      const double e = tiles < sms ? 1.0 : double(tiles) / double((tiles + sms - 1) / sms * sms);
+      const double worth = double(kept) * (2 - 1 / e) - double(kept / width * PANEL_COST_COLS);
+      if (kept > 0 && worth >= best) panel = width, best = worth;
+    }
+    if (panel == 0) return KeptColumnsPlan{};
+    for (std::int64_t kept = kept_in_panels(rows, cols, depth, panel); kept > 0 && kept * MIN_KEPT_PART >= cols;
+         kept -= panel)
+      for (bool split : {true, false}) {
+        const KeptColumnsPlan p = with_kept(rows, cols, depth, panel, kept, budget, sms, split);
+        if (p.fits) return p;
+      }
+    return KeptColumnsPlan{};
   }
 };
 
