@@ -247,8 +247,22 @@ class MaterializedContrastive {
   detail::GradientBuffer<Exec, T> dI_, dT_;
 };
 
-/// Cross-entropy, mean over the N rows: L = (1/N) sum_i (lse_i - x_{i,target_i}), x = E C^T + b
-/// (b: a fixed per-class bias, or none), or with a softcap s > 0 (Gemma 2) x = s tanh((E C^T + b) / s).
+namespace detail {
+/// 1 / the rows with a target (>= 0), the weight of each in the mean; 0 for none (the mean over no
+/// rows is 0).
+template <class Acc, class Exec, class Targets>
+Acc mean_row_weight(const Exec& exec, const Targets& targets) {
+  std::int64_t scored = 0;
+  Kokkos::parallel_reduce(
+      "tlse::baseline::scored_rows", Kokkos::RangePolicy<Exec>(exec, 0, targets.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i, std::int64_t & n) { n += targets(i) >= 0 ? 1 : 0; }, scored);
+  return scored > 0 ? Acc(1) / Acc(scored) : Acc(0);
+}
+}  // namespace detail
+
+/// Cross-entropy, mean over the scored rows (a negative target: ignored, adds 0): L = (1/n) sum_i
+/// (lse_i - x_{i,target_i}), x = E C^T + b (b: a fixed per-class bias, or none), or with a softcap
+/// s > 0 (Gemma 2) x = s tanh((E C^T + b) / s).
 template <class Exec, class T>
 class MaterializedCrossEntropy {
  public:
@@ -270,7 +284,8 @@ class MaterializedCrossEntropy {
         x_(detail::matrix<Exec, Acc>(alloc_, "tlse::baseline::logits", E.extent(0), C.extent(0))),
         lse_(detail::vector<Exec, Acc>(alloc_, "tlse::baseline::lse", E.extent(0))),
         dE_(alloc_, "tlse::baseline::dE", E.extent(0), E.extent(1)),
-        dC_(alloc_, "tlse::baseline::dC", C.extent(0), C.extent(1)) {}
+        dC_(alloc_, "tlse::baseline::dC", C.extent(0), C.extent(1)),
+        row_weight_(detail::mean_row_weight<Acc>(exec, targets)) {}
 
   /// Materializes x, the row LSEs and the loss.
   void forward() {
@@ -293,24 +308,25 @@ class MaterializedCrossEntropy {
     const auto x = x_;
     const auto lse = lse_;
     const auto t = targets_;
-    const Acc w = Acc(1) / Acc(x.extent(0));
+    const Acc w = row_weight_;
     Kokkos::parallel_reduce(
         "tlse::baseline::cross_entropy_loss", Kokkos::RangePolicy<Exec>(exec_, 0, x.extent(0)),
-        KOKKOS_LAMBDA(std::size_t i, Acc& s) { s += w * (lse(i) - x(i, t(i))); }, loss_);
+        KOKKOS_LAMBDA(std::size_t i, Acc & s) { s += t(i) < 0 ? Acc(0) : w * (lse(i) - x(i, t(i))); }, loss_);
   }
 
-  /// dE = G C and dC = G^T E for dloss = 1, with G_ij = (softmax_ij - [j == target_i]) / N, times
+  /// dE = G C and dC = G^T E for dloss = 1, with G_ij = (softmax_ij - [j == target_i]) / n (0 in an
+  /// ignored row), times
   /// dx/d(E C^T) = 1 - (x / s)^2 under a softcap. Overwrites the logits with G.
   void backward(const Gradient& dE, const Gradient& dC) {
     const auto x = x_;
     const auto lse = lse_;
     const auto t = targets_;
-    const Acc w = Acc(1) / Acc(x.extent(0)), s = softcap_;
+    const Acc w = row_weight_, s = softcap_;
     Kokkos::parallel_for(
         "tlse::baseline::cross_entropy_dlogits",
         Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec_, {0, 0}, {x.extent(0), x.extent(1)}),
         KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
-          const Acc dz = w * (impl::exp(x(i, j) - lse(i)) - (int(j) == t(i) ? Acc(1) : Acc(0)));
+          const Acc dz = t(i) < 0 ? Acc(0) : w * (impl::exp(x(i, j) - lse(i)) - (int(j) == t(i) ? Acc(1) : Acc(0)));
           x(i, j) = s > 0 ? dz * (Acc(1) - (x(i, j) / s) * (x(i, j) / s)) : dz;
         });
     detail::gemm(exec_, "N", "N", Acc(1), x_, C_.view(), dE_.target(dE));
@@ -336,6 +352,7 @@ class MaterializedCrossEntropy {
   detail::Vector<Exec, Acc> lse_;
   Kokkos::View<Acc, detail::Device<Exec>> loss_{"loss"};
   detail::GradientBuffer<Exec, T> dE_, dC_;
+  Acc row_weight_;  // 1 / the scored rows
 };
 
 }  // namespace tlse::baseline

@@ -93,6 +93,14 @@ inline void add_random_bias(CrossEntropyProblem& p, std::uint64_t seed) {
   for (double& b : p.bias) b = rng.normal();
 }
 
+/// Sets the targets of a share `fraction` (in [0, 1]) of the rows to `ignore_index`, spread evenly
+/// (row i when floor((i + 1) fraction) > floor(i fraction)): the rows a padded or prompt-masked
+/// batch does not score. E, C and the other targets stay those of the seed.
+inline void ignore_rows(CrossEntropyProblem& p, double fraction, std::int64_t ignore_index) {
+  for (std::size_t i = 0; i < p.targets.size(); ++i)
+    if (std::floor(double(i + 1) * fraction) > std::floor(double(i) * fraction)) p.targets[i] = ignore_index;
+}
+
 /// Rounds a float64 value to the run's dtype T, and back.
 template <class T>
 T to_dtype(double v) {

@@ -279,21 +279,24 @@ TYPED_TEST(CrossEntropy, TrainingStepKeepsAPartOfTheColumns) {
   // 8960 columns in 5 panels in dC's storage (the host test HopperKeptColumnsPlan checks that
   // plan) and recomputes the other columns. Without a softcap (G = diag(c) E'), with rows whose
   // largest logit lies far above their target's (logits of std 30: parts under their own max,
-  // rescaled), and with a softcap and a z-loss (G formed in place). Elsewhere: the two calls.
+  // rescaled), and with a softcap and a z-loss (G formed in place); the last two with a fifth of
+  // the rows ignored (every stored row swept, the ignored ones of weight 0). Elsewhere: the two
+  // calls.
   auto o = exact();
   o.memory_budget = std::size_t(3) << 20;
   {
     SCOPED_TRACE("logit std 4");
     this->check({150, 12001, 136, o}, rng);
   }
+  o.ignore_index = -1;
   {
-    SCOPED_TRACE("logit std 30");
-    this->check({150, 12001, 136, o, 30.0}, rng);
+    SCOPED_TRACE("logit std 30, ignored rows");
+    this->check({150, 12001, 136, o, 30.0, 0.2}, rng);
   }
   o.softcap = 20;
   o.z_loss = 1e-4;
-  SCOPED_TRACE("softcap 20, z-loss");
-  this->check({150, 12001, 136, o}, rng);
+  SCOPED_TRACE("softcap 20, z-loss, ignored rows");
+  this->check({150, 12001, 136, o, 4.0, 0.2}, rng);
 }
 
 TYPED_TEST(CrossEntropy, BackwardInTwoPassesUnderASmallBudget) {

@@ -274,7 +274,8 @@ TEST(HopperKeptColumnsPlan, SharesTheSpacePastTheAccumulator) {
   EXPECT_GE(reinterpret_cast<const char*>(b.row_scale),
             reinterpret_cast<const char*>(b.shifts + p.rows * p.ld_shifts()));
   EXPECT_LE(reinterpret_cast<const char*>(b.partials) + 2 * KeptColumnsPlan::MAX_SWEEP_SPLITS * p.rows * sizeof(float),
-            base + p.bytes);
+            reinterpret_cast<const char*>(b.row_target_logit));
+  EXPECT_LE(reinterpret_cast<const char*>(b.row_target_logit + p.rows), base + p.bytes);
 }
 
 TEST(HopperKeptColumnsPlan, NoneWhereLittleWouldBeKeptOrNothingFits) {

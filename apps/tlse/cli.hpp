@@ -34,6 +34,7 @@ struct Options {
   bool training_step = false;                         // --training-step (cross-entropy)
   double softcap = 0;                                 // --softcap (cross-entropy); 0: off
   bool bias = false;                                  // --bias (cross-entropy)
+  double ignore_fraction = 0;                         // --ignore-fraction (cross-entropy)
   double scale = 1 / 0.07;  // CLIP's initial temperature
   int iterations = 3;
   std::uint64_t seed = 42;
@@ -96,6 +97,10 @@ cross-entropy options:
                              statistics and --check (not with --check-sampled). No dbias is asked
                              for, so the training step still fuses; on Hopper GPUs a bias takes the
                              general logit model's kernels (docs/performance.md)
+  --ignore-fraction F        set the targets of a share F in [0, 1) of the rows (spread evenly) to
+                             ignore_index (-100): rows of a padded or prompt-masked batch, which add
+                             0; the mean is over the others. In TiledLSE, the baseline, the input
+                             statistics and --check (not with --check-sampled)
   --check-sampled            compare dE on 256 sampled rows and dC on 256 sampled classes (the 128
                              likeliest by column logit sum and 128 spread over the ids) with float64
                              gradients from exact float64 LSEs of every row (KokkosBlas::gemm on the
@@ -168,6 +173,14 @@ inline double positive_number(const std::string& flag, const std::string& text) 
   if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
     throw UsageError(flag + " expects a finite number, got '" + text + "'");
   if (!(v > 0)) throw UsageError(flag + " must be positive, got '" + text + "'");
+  return v;
+}
+
+inline double fraction_below_one(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(v >= 0 && v < 1))
+    throw UsageError(flag + " expects a number in [0, 1), got '" + text + "'");
   return v;
 }
 
@@ -283,6 +296,8 @@ inline Options parse_command_line(int argc, const char* const* argv) {
     } else if (!contrastive && flag == "--bias") {
       no_value();
       o.bias = true;
+    } else if (!contrastive && flag == "--ignore-fraction") {
+      o.ignore_fraction = detail::fraction_below_one(flag, next());
     } else if (!contrastive && flag == "--check-sampled") {
       no_value();
       o.check_sampled = true;
@@ -311,6 +326,9 @@ inline Options parse_command_line(int argc, const char* const* argv) {
                      detail::number_text(o.softcap) + " or --check-sampled");
   if (o.bias && o.check_sampled)
     throw UsageError("--check-sampled has no bias (perf_tests/sampled_reference.hpp); drop --bias or --check-sampled");
+  if (o.ignore_fraction > 0 && o.check_sampled)
+    throw UsageError("--check-sampled scores every row (perf_tests/sampled_reference.hpp); drop --ignore-fraction " +
+                     detail::number_text(o.ignore_fraction) + " or --check-sampled");
   return o;
 }
 

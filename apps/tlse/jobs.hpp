@@ -106,10 +106,12 @@ int run_cross_entropy(const Options& o) {
   print_header(o, scalar_name<T>(),
                "tokens " + std::to_string(N) + ", dim " + std::to_string(D) + ", vocab " + std::to_string(V) +
                    (o.softcap > 0 ? ", softcap " + detail::number_text(o.softcap) : "") +
-                   (o.bias ? ", bias N(0,1)" : ""));
+                   (o.bias ? ", bias N(0,1)" : "") +
+                   (o.ignore_fraction > 0 ? ", ignored rows " + detail::number_text(o.ignore_fraction) : ""));
   auto problem = o.inputs == Inputs::lm ? perf::lm_cross_entropy_problem(o.seed, N, D, V)
                                         : perf::cross_entropy_problem(o.seed, N, D, V);
   if (o.bias) perf::add_random_bias(problem, o.seed);
+  perf::ignore_rows(problem, o.ignore_fraction, CrossEntropyOptions{}.ignore_index);  // the calls' default
   const DeviceMatrix<T> E = perf::upload<T>("E", problem.E), C = perf::upload<T>("C", problem.C);
   const auto bias = perf::upload_vector<T>("bias", problem.bias);  // empty without --bias
   const auto targets = perf::upload_targets(problem.targets);

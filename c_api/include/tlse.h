@@ -174,8 +174,8 @@ TLSE_API tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_dev
  * it needs. On Hopper GPUs (bf16, dbias NULL), when options.memory_budget holds the logits of
  * a chunk of rows, the forward's logits become the gradient: 3 matrix products instead of 4, and
  * no gradient filtering (as filter_eps = 0). Under a smaller budget that holds the backward's
- * buffers (the default 256 MiB at the usual LM sizes), with accumulate 0, every row scored and
- * dE and dC given, the logits of the first part of the classes are kept in dC's own storage and
+ * buffers (the default 256 MiB at the usual LM sizes), with accumulate 0 and dE and dC given
+ * (ignored rows or not), the logits of the first part of the classes are kept in dC's own storage and
  * the rows times the gradient's row factors in dE's, both overwritten with the gradients before
  * the call returns: those classes take 3 products. Otherwise it runs the two calls, the backward
  * without vocabulary sorting (docs/c_api.md). */

@@ -509,7 +509,7 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 /// opts.memory_budget holds the logits of a chunk of rows (at least 2048 rows, or every row; see
 /// docs/performance.md), the forward's logits are kept and become the gradient: 3 products
 /// instead of the 4 of the two calls. Under a smaller budget that holds the backward's buffers,
-/// when every row is scored, dE and dC are both wanted and opts.accumulate is off, the logits of
+/// when dE and dC are both wanted and opts.accumulate is off (ignored rows or not), the logits of
 /// the first part of the vocabulary are kept in dC's storage (its values are written after
 /// them; about V D / max(N, D) classes, 59136 of 128256 at N=8192 D=4096) and only the rest is
 /// recomputed (docs/api.md, Memory). Those paths

@@ -24,12 +24,18 @@ class WorkspaceCarver {
   }
   std::size_t bytes() const { return used_ + alignment; }  // slack for aligning the base
   bool empty() const { return used_ == 0; }
+  static constexpr std::size_t alignment = 64;  // of every array (and of the base: aligned_base)
 
  private:
-  static constexpr std::size_t alignment = 64;
   char* base_;
   std::size_t used_ = 0;
 };
+
+/// The first 64-byte boundary in a buffer, where its carver starts (bytes() reserves the slack).
+inline char* aligned_base(char* buffer) {
+  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(buffer) % WorkspaceCarver::alignment;
+  return buffer + (misalign ? WorkspaceCarver::alignment - misalign : 0);
+}
 
 /// Runs `body(carver)` on the caller's workspace, or on a buffer allocated for this call.
 /// `Layout` is a callable that carves the call's arrays from a carver and returns them.
@@ -53,8 +59,7 @@ void with_workspace(const char* function, const Exec& exec, const Workspace& ws,
     throw std::invalid_argument(std::string(function) + ": argument 'workspace' holds " + std::to_string(ws.bytes) +
                                 " bytes but this call needs " + std::to_string(need));
   }
-  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(base) % 64;
-  WorkspaceCarver carver(base + (misalign ? 64 - misalign : 0));
+  WorkspaceCarver carver(aligned_base(base));
   body(layout(carver));
   if (owned.data()) exec.fence();  // the buffer is freed on return: let the kernels finish with it
 }

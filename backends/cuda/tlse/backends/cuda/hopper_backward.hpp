@@ -128,7 +128,7 @@ struct LseBackwardHopper {
     const FusedBackwardPlan plan = FusedBackwardPlan::make(rows.count, prob.cols.count, prob.depth, r.scratch_bytes,
                                                            multiprocessors(device), sizeof(T));
     if (!plan.fits) return false;
-    char* base = r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64;
+    char* base = aligned_base(r.scratch);
     WorkspaceCarver carver(base);
     const FusedBackwardPlan::Buffers buf = plan.carve(carver);
     const index_t R = rows.count, D = prob.depth;

@@ -84,7 +84,9 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   }
   __syncthreads();
   const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
-  const float l = row_lse, w = coef[id], g = w * (1.f + 2.f * z_loss * l);
+  // A row without a target (the kept columns' sweep of every stored row: one not scored) weighs
+  // nothing; its coef is not set.
+  const float l = row_lse, w = t >= 0 ? coef[id] : 0.f, g = w * (1.f + 2.f * z_loss * l);
   if (row_g && threadIdx.x == 0) row_g[id] = g;
   struct alignas(16) Eight {
     T v[8];
@@ -128,7 +130,8 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   if constexpr (Factored) {
     // The shift every part of the row is under, as the forward chose it (begin_row, keep_row).
     const float r0 = target_logit[first + p] < infinity<float>() ? target_logit[first + p] : -infinity<float>();
-    const bool own_max = row_max > r0 + float(TLSE_HOP_ROW_SHIFT_SPAN);
+    // (A row of weight 0 needs no rescaling: c = 0 takes it out of both products.)
+    const bool own_max = g != 0.f && row_max > r0 + float(TLSE_HOP_ROW_SHIFT_SPAN);
     const float r = own_max ? l : r0;
     if (own_max)
       each_eight([&](const Eight& in, const float(&shifts)[4], index_t) {
@@ -185,6 +188,12 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   }
 }
 
+/// out[row] = in[position[row]], or `none` for a row without a position (not scored).
+__global__ void by_position_kernel(const float* in, const int* position, index_t rows, float none, float* out) {
+  const index_t row = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row < rows) out[row] = position[row] >= 0 ? in[position[row]] : none;
+}
+
 struct LseStepHopper {
   /// The workspace of the step for a shape, 0 when the step does not take it (bf16; depth a
   /// multiple of 8): chunks of rows (StepPlan) when the budget holds one, else, for a call that
@@ -219,8 +228,9 @@ struct LseStepHopper {
     using T = bfloat16;
     const TileProblem<T, float>& prob = r.prob;
     const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
-    WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
+    WorkspaceCarver carver(aligned_base(r.scratch));
     const StepPlan::Buffers buf = plan.carve(carver);
+    const KeptLayout kept{buf.exponentials, plan.ld_exponentials};  // every chunk's, in turn
     const bool several = plan.chunks() > 1;
     // Without a softcap dL/dz is the exponential's multiple: G = diag(c) E' (the kernel's comment).
     const bool factored = !(prob.logit.softcap > 0.f);
@@ -238,16 +248,14 @@ struct LseStepHopper {
       }
       // The row shift: a logit of the row, at most its LSE.
       const tlse_hop_forward_args f =
-          forward_keeping(stream, prob, chunk, rows, KeptLayout{buf.exponentials, plan.ld_exponentials}, 0, buf.shifts,
-                          r.target_logit + first, buf.partials);
+          forward_keeping(stream, prob, chunk, rows, kept, 0, buf.shifts, r.target_logit + first, buf.partials);
 
       const auto to_gradient =
           factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
       T* scaled_rows = factored && r.grad_cols ? reinterpret_cast<T*>(buf.chunk_rows) : nullptr;
-      to_gradient<<<unsigned(rows), 256, 0, stream>>>(KeptLayout{buf.exponentials, plan.ld_exponentials}, buf.shifts,
-                                                      plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), rows,
-                                                      first, row_index, V, r.target, r.target_logit, r.coef, r.z_loss,
-                                                      prob.logit, r.lse, nullptr, buf.row_scale, chunk, scaled_rows, D);
+      to_gradient<<<unsigned(rows), 256, 0, stream>>>(
+          kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index, V,
+          r.target, r.target_logit, r.coef, r.z_loss, prob.logit, r.lse, nullptr, buf.row_scale, chunk, scaled_rows, D);
       check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B
@@ -284,9 +292,11 @@ struct LseStepHopper {
     return true;
   }
 
-  /// Under a budget that holds no chunk of rows (KeptColumnsPlan): every row scored (no row
-  /// index), dA and dB wanted and written, not added into, since their storage holds A' and the
-  /// kept exponentials until their values go there:
+  /// Under a budget that holds no chunk of rows (KeptColumnsPlan): dA and dB wanted and written,
+  /// not added into, since their storage holds A' and the kept exponentials until their values go
+  /// there. Every stored row is swept (the exponentials' rows are A's, as dA's storage holds
+  /// them); where some are not scored (a row index) those have no target and weigh nothing (g = c
+  /// = 0: their rows of G, A' and dA are 0), and the target logits go by row:
   ///   1. the forward over every column, keeping the exponentials of the first `kept` columns in
   ///      panels in dB's storage, each past dB's rows of the panels up to its own;
   ///   2. exponentials_to_gradient_kernel over those columns (the row LSEs, g, c, and A' in dA's
@@ -299,29 +309,38 @@ struct LseStepHopper {
   static bool run_kept_columns(cudaStream_t stream, int device, const StepRequest<bfloat16, float>& r) {
     using T = bfloat16;
     const TileProblem<T, float>& prob = r.prob;
-    const index_t R = prob.rows.count, V = prob.cols.count, D = prob.depth;
-    if (prob.rows.index != nullptr || r.grad_rows == nullptr || r.grad_cols == nullptr || r.accumulate ||
-        reinterpret_cast<std::uintptr_t>(r.grad_rows) % 16 != 0 ||
+    const index_t V = prob.cols.count, D = prob.depth;
+    tlse_hop_side row_side{};  // every stored row; outputs by position
+    if (r.grad_rows == nullptr || r.grad_cols == nullptr || r.accumulate ||
+        !hopper_side(prob.rows, D, true, row_side) || reinterpret_cast<std::uintptr_t>(r.grad_rows) % 16 != 0 ||
         reinterpret_cast<std::uintptr_t>(r.grad_cols) % 16 != 0)
       return false;
+    const index_t R = row_side.count;
     const KeptColumnsPlan plan = KeptColumnsPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
     if (!plan.fits) return false;
-    WorkspaceCarver carver(r.scratch + (64 - reinterpret_cast<std::uintptr_t>(r.scratch) % 64) % 64);
+    WorkspaceCarver carver(aligned_base(r.scratch));
     const KeptColumnsPlan::Buffers buf = plan.carve(carver);
     const KeptLayout kept{r.grad_cols + plan.exponentials_offset(), plan.ld_exponentials(), plan.panel,
                           plan.panel_stride()};
     const bool factored = !(prob.logit.softcap > 0.f);
     const T* rows = prob.rows.data;
+    const float* target_logit = r.target_logit;  // by row
+    if (row_side.position) {
+      by_position_kernel<<<grid_for(R), 256, 0, stream>>>(r.target_logit, row_side.position, R, -infinity<float>(),
+                                                          buf.row_target_logit);
+      check_launch("by_position_kernel");
+      target_logit = buf.row_target_logit;
+    }
 
     const tlse_hop_forward_args f =
-        forward_keeping(stream, prob, rows, R, kept, plan.kept, buf.shifts, r.target_logit, buf.partials);
+        forward_keeping(stream, prob, rows, R, kept, plan.kept, buf.shifts, target_logit, buf.partials);
 
     const auto to_gradient =
         factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
     T* scaled_rows = factored ? r.grad_rows : nullptr;
     to_gradient<<<unsigned(R), 256, 0, stream>>>(
         kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), R, 0, nullptr, plan.kept, r.target,
-        r.target_logit, r.coef, r.z_loss, prob.logit, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
+        target_logit, r.coef, r.z_loss, prob.logit, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
     check_launch("exponentials_to_gradient_kernel");
 
     for (index_t k = 0; k < plan.kept_panels(); ++k) {
@@ -348,7 +367,6 @@ struct LseStepHopper {
     b.row_terms = {r.lse, buf.g, r.target, r.coef};
     b.grad_rows = r.grad_rows;
     b.grad_cols = r.grad_cols;
-    const tlse_hop_side row_side{rows, D, R, nullptr, nullptr, 0};
     LseBackwardHopper::column_panels<T>(stream, b, row_side, plan.panels, buf.panels, plan.kept);
     finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.panels.acc, R * D, r.grad_rows, false);
     check_launch("finish_rows_kernel");

@@ -145,6 +145,7 @@ struct KeptColumnsPlan {
     float* row_scale;   // rows: G's row factors c (G = diag(c) E')
     float* partials;    // MAX_SWEEP_SPLITS x 2 x rows: the forward's row LSE states
     float* k_partials;  // the kept products' K-split partials
+    float* row_target_logit;  // rows: the target logits by row, where some rows are not scored
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
@@ -157,6 +158,7 @@ struct KeptColumnsPlan {
     b.row_scale = kept_side.take<float>(rows);
     b.partials = kept_side.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * rows);
     b.k_partials = kept_side.take<float>(k_partial_floats());
+    b.row_target_logit = kept_side.take<float>(rows);
     c.take<char>(std::int64_t(std::max(panel_side.bytes(), kept_side.bytes())));
     return b;
   }

@@ -413,7 +413,7 @@ struct LseBackwardMma {
         (raise_smem_limit(gradient_sweep_kernel<T, F, Product>, SWEEP_SMEM_BYTES, "gradient_sweep_kernel"),
          raise_smem_limit(grad_product_kernel<T, Product>, PRODUCT_SMEM_BYTES, "grad_product_kernel"), true);
     (void)configured;
-    WorkspaceCarver carver(scratch + (64 - reinterpret_cast<std::uintptr_t>(scratch) % 64) % 64);
+    WorkspaceCarver carver(aligned_base(scratch));
     const BackwardPlan::Buffers buf = plan.carve(carver, D);
     const bool sums = f.dscale_part != nullptr || f.dbias != nullptr;
     const bool filter = f.grad != nullptr && f.filter_eps > 0;
