@@ -17,7 +17,9 @@ namespace tlse {
 
 /// Options of cross_entropy() and cross_entropy_backward() (pass the same to both).
 struct CrossEntropyOptions {
-  std::int64_t ignore_index = -100;  ///< rows whose target equals this cost no compute and add 0
+  /// Rows whose target equals this add 0. The host and mma.sync kernels skip them; the Hopper
+  /// kernels, which read contiguous rows (TMA), sweep them with the scored rows.
+  std::int64_t ignore_index = -100;
   /// none (one loss per row), sum, or mean over the non-ignored rows
   Reduction reduction = Reduction::mean;
   std::int64_t shift = 0;            ///< row i is scored against targets(i + shift); the last `shift` rows are ignored
