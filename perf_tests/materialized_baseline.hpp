@@ -315,8 +315,7 @@ class MaterializedCrossEntropy {
   }
 
   /// dE = G C and dC = G^T E for dloss = 1, with G_ij = (softmax_ij - [j == target_i]) / n (0 in an
-  /// ignored row), times
-  /// dx/d(E C^T) = 1 - (x / s)^2 under a softcap. Overwrites the logits with G.
+  /// ignored row), times dx/d(E C^T) = 1 - (x / s)^2 under a softcap. Overwrites the logits with G.
   void backward(const Gradient& dE, const Gradient& dC) {
     const auto x = x_;
     const auto lse = lse_;
