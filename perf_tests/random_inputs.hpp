@@ -117,30 +117,31 @@ double to_double(const T& v) {
     return static_cast<float>(v);
 }
 
-/// Copies `values` to a new device view of T, and rounds `values` in place to what the view
-/// holds, so that the reference sees exactly the inputs the kernels see.
+/// Stores `value` rounded to T in `slot`, and puts back in `value` what `slot` holds: uploads round
+/// the host values in place, so that the reference sees exactly the inputs the kernels see.
+template <class T>
+void store_rounded(T& slot, double& value) {
+  slot = to_dtype<T>(value);
+  value = to_double(slot);
+}
+
+/// Copies `values` to a new device view of T, and rounds `values` in place (store_rounded).
 template <class T>
 DeviceMatrix<T> upload(const std::string& label, Matrix& values) {
   DeviceMatrix<T> d(label, values.rows, values.cols);
   auto h = Kokkos::create_mirror_view(d);
   for (std::int64_t i = 0; i < values.rows; ++i)
-    for (std::int64_t k = 0; k < values.cols; ++k) {
-      h(i, k) = to_dtype<T>(values(i, k));
-      values(i, k) = to_double(h(i, k));
-    }
+    for (std::int64_t k = 0; k < values.cols; ++k) store_rounded(h(i, k), values(i, k));
   Kokkos::deep_copy(d, h);
   return d;
 }
 
-/// upload() for a vector: a new device view of T, and `values` rounded in place.
+/// upload() for a vector.
 template <class T>
 Kokkos::View<T*, Mem> upload_vector(const std::string& label, std::vector<double>& values) {
   Kokkos::View<T*, Mem> d(label, values.size());
   auto h = Kokkos::create_mirror_view(d);
-  for (std::size_t j = 0; j < values.size(); ++j) {
-    h(j) = to_dtype<T>(values[j]);
-    values[j] = to_double(h(j));
-  }
+  for (std::size_t j = 0; j < values.size(); ++j) store_rounded(h(j), values[j]);
   Kokkos::deep_copy(d, h);
   return d;
 }
