@@ -9,8 +9,9 @@
 #   perf_tests/run_gpu_hopper.sh --budgets   only time against the memory budget (cross-entropy,
 #                                            contrastive): about 4 minutes
 #   perf_tests/run_gpu_hopper.sh --step   only the training step in one call (cross_entropy_with_gradients,
-#                                         tlse --training-step) at budgets that hold the logits, and
-#                                         PyTorch's cross-entropy baselines: about 5 minutes
+#                                         tlse --training-step) at budgets that hold the logits,
+#                                         PyTorch's cross-entropy baselines and cuBLAS's time for the
+#                                         step's three products (gemm_rate.py --step): about 5 minutes
 #   perf_tests/run_gpu_hopper.sh --tf32   only float with TF32 products: the contrastive case against
 #                                         the memory budget on the Hopper kernels and on mma.sync, and
 #                                         PyTorch's contrastive baselines: about 4 minutes
@@ -64,8 +65,11 @@ if [ $step = 1 ]; then
   run hopper cross-entropy --tokens 4096 --dim 4096 --vocab 128256 --dtype bf16 --training-step --memory-budget 2560
   run hopper cross-entropy --tokens 8192 --dim 2304 --vocab 256000 --dtype bf16 --training-step --memory-budget 9216
   baselines ce
+  # The step's arithmetic alone at cuBLAS's rate: its three products back to back (gemm_rate.py).
+  echo "== cuBLAS: the step's three products (torch.matmul)" | tee -a "$log"
+  timeout 120 python3 "$root/perf_tests/gemm_rate.py" --step 2>&1 | tee -a "$log"
   echo "== summary (ms)"
-  grep -E "^== |TiledLSE|torch_materialized" "$log" | cut -c1-200
+  grep -E "^== |TiledLSE|torch_materialized|each_ms" "$log" | cut -c1-250
   exit 0
 fi
 if [ $tf32 = 1 ]; then
