@@ -17,8 +17,9 @@ namespace tlse {
 
 /// Options of cross_entropy() and cross_entropy_backward() (pass the same to both).
 struct CrossEntropyOptions {
-  /// Rows whose target equals this add 0. The host and mma.sync kernels skip them; the Hopper
-  /// kernels, which read contiguous rows (TMA), sweep them with the scored rows.
+  /// Rows whose target equals this add 0. The host and mma.sync kernels skip them, and so does
+  /// the Hopper training step that keeps a chunk of rows' logits (it gathers the scored rows);
+  /// the other Hopper kernels, which read contiguous rows (TMA), sweep them with the scored rows.
   std::int64_t ignore_index = -100;
   /// none (one loss per row), sum, or mean over the non-ignored rows
   Reduction reduction = Reduction::mean;

@@ -20,6 +20,7 @@
 // read the columns transposed (per panel, or every column once for the two passes' row pass). The
 // transposes round to TF32, as G is rounded when stored.
 #if defined(TLSE_HAVE_HOPPER)
+#include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
 #include <tlse/backends/cuda/hopper_forward.hpp>
 #include <tlse/backends/cuda/mma_primitives.hpp>
@@ -30,32 +31,32 @@ namespace tlse::impl::cuda {
 /// dst[p] = src row index[p] for p < count, `depth` elements of T each (16-byte copies).
 template <class T>
 __global__ void gather_rows_kernel(const T* src, const int* index, index_t count, index_t depth, T* dst) {
-  const index_t chunks = depth * index_t(sizeof(T)) / 16, total = count * chunks;
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += index_t(gridDim.x) * blockDim.x) {
+  const index_t chunks = depth * index_t(sizeof(T)) / 16;
+  for_each_index(count * chunks, [&](index_t i) {
     const index_t p = i / chunks, c = i % chunks;
     reinterpret_cast<uint4*>(dst + p * depth)[c] = reinterpret_cast<const uint4*>(src + index_t(index[p]) * depth)[c];
-  }
+  });
 }
 
 /// out[i] (+)= the sum over `splits` of part[s * n + i], in order (the first panel writes).
 __global__ void add_row_sums_kernel(const float* part, int splits, index_t n, float* out, bool add) {
-  const index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float v = 0.f;
-  for (int s = 0; s < splits; ++s) v += part[s * n + i];
-  out[i] = add ? out[i] + v : v;
+  for_each_index(n, [&](index_t i) {
+    float v = 0.f;
+    for (int s = 0; s < splits; ++s) v += part[s * n + i];
+    out[i] = add ? out[i] + v : v;
+  });
 }
 
 /// dbias[id of column col_begin + j] (+)= the sum over the row tiles of col_sums[t][j], in order.
 template <class T>
 __global__ void column_sums_kernel(const float* col_sums, index_t row_tiles, index_t width, const int* index,
                                    index_t col_begin, T* dbias, bool accumulate) {
-  const index_t j = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= width) return;
-  float v = 0.f;
-  for (index_t t = 0; t < row_tiles; ++t) v += col_sums[t * width + j];
-  T& out = dbias[index ? index_t(index[col_begin + j]) : col_begin + j];
-  out = from_acc<T>(accumulate ? to_acc<float>(out) + v : v);
+  for_each_index(width, [&](index_t j) {
+    float v = 0.f;
+    for (index_t t = 0; t < row_tiles; ++t) v += col_sums[t * width + j];
+    T& out = dbias[index ? index_t(index[col_begin + j]) : col_begin + j];
+    out = from_acc<T>(accumulate ? to_acc<float>(out) + v : v);
+  });
 }
 
 /// dst[k * ldd + p] = src[p * ld + k] rounded to TF32, for p < count and k < depth: the K-major
@@ -85,19 +86,13 @@ inline void transpose_tf32(cudaStream_t stream, const float* src, index_t ld, in
 
 /// ids[i] = i: the rows' ids for a row panel's gradient sweep, whose rows start past row 0.
 __global__ void iota_kernel(int* ids, index_t n) {
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    ids[i] = int(i);
+  for_each_index(n, [&](index_t i) { ids[i] = int(i); });
 }
 
 /// grad[i] = acc[i] (+ grad[i] with accumulate), rounded to T once.
 template <class T>
 __global__ void finish_rows_kernel(const float* acc, index_t n, T* grad, bool accumulate) {
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    grad[i] = from_acc<T>(accumulate ? to_acc<float>(grad[i]) + acc[i] : acc[i]);
-}
-
-inline unsigned grid_for(index_t work, int threads = 256) {
-  return unsigned(std::max<index_t>(1, std::min<index_t>((work + threads - 1) / threads, 65535)));
+  for_each_index(n, [&](index_t i) { grad[i] = from_acc<T>(accumulate ? to_acc<float>(grad[i]) + acc[i] : acc[i]); });
 }
 
 struct LseBackwardHopper {

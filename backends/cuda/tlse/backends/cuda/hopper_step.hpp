@@ -190,8 +190,7 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
 
 /// out[row] = in[position[row]], or `none` for a row without a position (not scored).
 __global__ void by_position_kernel(const float* in, const int* position, index_t rows, float none, float* out) {
-  for (index_t row = index_t(blockIdx.x) * blockDim.x + threadIdx.x; row < rows; row += index_t(gridDim.x) * blockDim.x)
-    out[row] = position[row] >= 0 ? in[position[row]] : none;
+  for_each_index(rows, [&](index_t row) { out[row] = position[row] >= 0 ? in[position[row]] : none; });
 }
 
 struct LseStepHopper {

@@ -17,6 +17,7 @@
 // G is stored times a power of two that puts the row's bound (row_scale_for) at 2^14, and the
 // product divides it out exactly; bf16 (float's exponent range) and float store G unscaled.
 // No atomics: results are bitwise reproducible. Everything lives in the caller's workspace.
+#include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/launch_shape.hpp>
 #include <tlse/backends/cuda/nt_sweep.hpp>
 #include <tlse/impl/workspace_carver.hpp>
@@ -306,12 +307,12 @@ __global__ void __launch_bounds__(THREADS, 2)
 template <class T>
 __global__ void gradient_reduce_kernel(const float* part, int splits, index_t chunk, index_t D, Side<T> own,
                                        index_t a_begin, T* grad, bool accumulate) {
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < chunk * D; i += index_t(gridDim.x) * blockDim.x) {
+  for_each_index(chunk * D, [&](index_t i) {
     float v = 0;
     for (int z = 0; z < splits; ++z) v += part[z * chunk * D + i];
     T& out = grad[own.id(a_begin + i / D) * D + i % D];
     out = from_acc<T>(accumulate ? v + to_acc<float>(out) : v);
-  }
+  });
 }
 
 /// Sums the sweep splits' row sums in order into dscale_part[a_begin + m] (by position) or
@@ -319,15 +320,15 @@ __global__ void gradient_reduce_kernel(const float* part, int splits, index_t ch
 template <class T>
 __global__ void row_sums_reduce_kernel(const float* part, int splits, index_t chunk, Side<T> own, index_t a_begin,
                                        float* dscale_part, T* dbias, bool accumulate) {
-  const index_t m = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (m >= chunk) return;
-  float sum = 0;
-  for (int y = 0; y < splits; ++y) sum += part[y * chunk + m];
-  if (dscale_part) dscale_part[a_begin + m] = sum;
-  if (dbias) {
-    T& out = dbias[own.id(a_begin + m)];
-    out = from_acc<T>(accumulate ? sum + to_acc<float>(out) : sum);
-  }
+  for_each_index(chunk, [&](index_t m) {
+    float sum = 0;
+    for (int y = 0; y < splits; ++y) sum += part[y * chunk + m];
+    if (dscale_part) dscale_part[a_begin + m] = sum;
+    if (dbias) {
+      T& out = dbias[own.id(a_begin + m)];
+      out = from_acc<T>(accumulate ? sum + to_acc<float>(out) : sum);
+    }
+  });
 }
 
 /// How one backward pass is cut: chunks of owned rows whose G buffer fits chunk_budget_bytes,
@@ -443,8 +444,8 @@ struct LseBackwardMma {
           <<<dim3(unsigned(row_tiles), unsigned(plan.sweep_splits)), THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
       check_launch("gradient_sweep_kernel");
       if (sums) {
-        row_sums_reduce_kernel<T><<<unsigned((chunk + 255) / 256), 256, 0, stream>>>(
-            buf.row_sums, plan.sweep_splits, chunk, own, a_begin, f.dscale_part, f.dbias, f.accumulate);
+        row_sums_reduce_kernel<T><<<grid_for(chunk), 256, 0, stream>>>(buf.row_sums, plan.sweep_splits, chunk, own,
+                                                                       a_begin, f.dscale_part, f.dbias, f.accumulate);
         check_launch("row_sums_reduce_kernel");
       }
       if (!f.grad) continue;
@@ -455,8 +456,8 @@ struct LseBackwardMma {
           f.accumulate, buf.part);
       check_launch("grad_product_kernel");
       if (plan.k_splits > 1) {
-        gradient_reduce_kernel<T><<<unsigned(std::min<index_t>((chunk * D + 255) / 256, 8192)), 256, 0, stream>>>(
-            buf.part, plan.k_splits, chunk, D, own, a_begin, f.grad, f.accumulate);
+        gradient_reduce_kernel<T><<<grid_for(chunk * D), 256, 0, stream>>>(buf.part, plan.k_splits, chunk, D, own,
+                                                                           a_begin, f.grad, f.accumulate);
         check_launch("gradient_reduce_kernel");
       }
     }
