@@ -6,9 +6,16 @@
 # ready to copy to a GPU machine and run there with scripts/run_gpu.sh; the C library
 # libtiledlse_c.so and the Python package (with its tests) go there too (docs/python.md).
 #   scripts/build_cuda.sh                  build and lay out
-#   scripts/build_cuda.sh --compile-only   build only (what CI does: no GPU there)
+#   scripts/build_cuda.sh --compile-only   compile and link only, in build-cuda-check/ (what CI
+#                                          does: no GPU there), quicker than the build it checks:
+#                                          the Kokkos targets' device code to PTX only (no ptxas,
+#                                          cicc -O0) and their host code at -O0, which leaves every
+#                                          error of the compilers' front ends and of the link; the
+#                                          Hopper library as always (its wgmma guard reads ptxas)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+compile_only=false
+[ "${1:-}" = --compile-only ] && compile_only=true
 kokkos=$(TLSE_BACKEND=cuda "$root/scripts/bootstrap.sh" | tail -n 1)
 mapfile -t hopper < <("$root/scripts/hopper_toolchain.sh" --cmake)  # cached: the bootstrap installed it
 # CUDA 11.8 first: the image's CUDA 13 (PATH, LIBRARY_PATH) must not leak into this build.
@@ -16,9 +23,27 @@ export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
 unset LIBRARY_PATH CUDA_HOME
 build=$root/build-cuda
+$compile_only && build=$root/build-cuda-check
 # A build configured against another Kokkos (an older cached recipe) cannot be reconfigured.
 [ "$(cat "$build/.kokkos-prefix" 2>/dev/null || echo "$kokkos")" = "$kokkos" ] || rm -rf "$build"
 mkdir -p "$build" && echo "$kokkos" >"$build/.kokkos-prefix"
+compiler=$kokkos/bin/nvcc_sm90
+check=()
+if $compile_only; then
+  # Kokkos' flags ask for sm_80 (Kokkos 3.4 knows no Hopper), which nvcc_sm90 turns into sm_90;
+  # compute_90 instead embeds PTX and skips ptxas, and cicc -O0 skips NVVM's optimizer: with the
+  # host code at -O0, a test's compile takes 27 s instead of 100 (test_linear_lse, 2026-11-28).
+  compiler=$build/nvcc_ptx
+  cat >"$compiler" <<EOF
+#!/usr/bin/env bash
+# scripts/build_cuda.sh --compile-only: nvcc_sm90 with device code to PTX only, unoptimized.
+args=()
+for a in "\$@"; do args+=("\${a//sm_80/compute_90}"); done
+NVCC_APPEND_FLAGS="\${NVCC_APPEND_FLAGS:+\$NVCC_APPEND_FLAGS }-Xcicc -O0" exec "$kokkos/bin/nvcc_sm90" "\${args[@]}"
+EOF
+  chmod +x "$compiler"
+  check=(-DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG")
+fi
 # The distributed layer with MPI (Debian's OpenMPI) and NCCL (the image's, NCCL_HOME): nccl.h
 # alone in a private folder, since CUDA 13's other headers must not shadow 11.8's, and the
 # library linked by full path; it is not carried (the GPU machine has its own libnccl.so.2).
@@ -31,11 +56,11 @@ else
   echo "[build_cuda] no NCCL under $nccl_home: the distributed layer is built with MPI only" >&2
 fi
 cmake -S "$root" -B "$build" -G Ninja -DKokkos_ROOT="$kokkos" -DCMAKE_PREFIX_PATH="$kokkos" \
-  -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_sm90" -DTiledLSE_ENABLE_CUDA=ON \
+  -DCMAKE_CXX_COMPILER="$compiler" "${check[@]}" -DTiledLSE_ENABLE_CUDA=ON \
   -DTiledLSE_ENABLE_APPS=ON -DTiledLSE_ENABLE_PERF_TESTS=ON -DTiledLSE_ENABLE_MPI=ON "${nccl[@]}" \
   -DTiledLSE_HOPPER_STRICT=ON "${hopper[@]/#/-D}" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
-[ "${1:-}" = --compile-only ] && exit 0
+$compile_only && exit 0
 
 carry=$build/carry
 rm -rf "$carry" && mkdir -p "$carry"
