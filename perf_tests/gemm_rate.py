@@ -32,6 +32,7 @@ SHAPES = [  # (case, M, N, K): rows x classes over the depth
 STEP_SHAPES = [  # (case, N, D, V): tokens, depth, classes
     ("cross-entropy N=8192 D=4096 V=128256", 8192, 4096, 128256),
     ("cross-entropy N=4096 D=4096 V=128256", 4096, 4096, 128256),
+    ("cross-entropy N=8192 D=2304 V=256000", 8192, 2304, 256000),
 ]
 
 

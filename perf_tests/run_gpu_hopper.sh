@@ -67,7 +67,7 @@ if [ $step = 1 ]; then
   baselines ce
   # The step's arithmetic alone at cuBLAS's rate: its three products back to back (gemm_rate.py).
   echo "== cuBLAS: the step's three products (torch.matmul)" | tee -a "$log"
-  timeout 120 python3 "$root/perf_tests/gemm_rate.py" --step 2>&1 | tee -a "$log"
+  timeout 180 python3 "$root/perf_tests/gemm_rate.py" --step 2>&1 | tee -a "$log"
   echo "== summary (ms)"
   grep -E "^== |TiledLSE|torch_materialized|each_ms" "$log" | cut -c1-250
   exit 0
