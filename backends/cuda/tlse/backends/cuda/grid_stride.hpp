@@ -12,7 +12,7 @@
 namespace tlse::impl::cuda {
 
 /// Blocks of `threads` threads for `work` items: one item per thread, at least 1 block and at
-/// most 65535 (a few waves of blocks on any GPU; for_each_index takes the items past them).
+/// most 65535 (enough to fill any GPU many times over; for_each_index takes the items past them).
 inline unsigned grid_for(index_t work, int threads = 256) {
   return unsigned(std::max<index_t>(1, std::min<index_t>((work + threads - 1) / threads, 65535)));
 }
