@@ -209,14 +209,35 @@ TEST(HopperStepPlan, ChunksOfRowsWithinTheBudget) {
     EXPECT_GT(p.chunks(), 1);
     EXPECT_EQ(p.chunk % StepPlan::TILE_M, 0);
     EXPECT_GE(p.chunk, StepPlan::MIN_CHUNK);
-    const StepPlan larger = StepPlan::with_chunk(c.rows, c.cols, c.depth, p.chunk + StepPlan::TILE_M, H200_SMS);
-    EXPECT_GT(larger.bytes, c.budget);  // the largest chunk that fits
+    // The largest chunk that fits, with dA's product split or not.
+    EXPECT_GT(StepPlan::with_chunk(c.rows, c.cols, c.depth, p.chunk + StepPlan::TILE_M, H200_SMS, false).bytes,
+              c.budget);
     tlse::impl::WorkspaceCarver sizing;
     p.carve(sizing);
     EXPECT_EQ(sizing.bytes(), p.bytes);
     const StepPlan again = StepPlan::make(c.rows, c.cols, c.depth, p.bytes, H200_SMS);
     EXPECT_EQ(again.chunk, p.chunk);
   }
+}
+
+TEST(HopperStepPlan, SplitsTheRowsProductInTwoWhereTheLastWaveIsShort) {
+  // dA = G B over every column: 8192 x 2304 has 576 output tiles, 4.36 waves on 132 SMs; in two
+  // splits 8.73. 4096 x 4096 (3.88 waves) and 8192 x 4096 (7.76) gain nothing from a split.
+  const StepPlan wide = StepPlan::make(8192, 256000, 2304, 9 * GiB, H200_SMS);
+  ASSERT_TRUE(wide.fits);
+  EXPECT_EQ(wide.chunk, 8192);
+  EXPECT_EQ(wide.k_splits_rows, 2);
+  EXPECT_EQ(wide.k_partial_floats(), std::int64_t(2) * 8192 * 2304);
+  EXPECT_EQ(StepPlan::make(4096, 128256, 4096, 3 * GiB, H200_SMS).k_splits_rows, 1);
+  EXPECT_EQ(StepPlan::make(8192, 128256, 4096, 4 * GiB, H200_SMS).k_splits_rows, 1);
+  // A budget that holds the chunk but not the split's partials: the chunk, in one piece.
+  const StepPlan whole = StepPlan::with_chunk(8192, 256000, 2304, 8192, H200_SMS, false);
+  ASSERT_LT(whole.bytes, wide.bytes);
+  const StepPlan tight = StepPlan::make(8192, 256000, 2304, whole.bytes, H200_SMS);
+  ASSERT_TRUE(tight.fits);
+  EXPECT_EQ(tight.chunk, 8192);
+  EXPECT_EQ(tight.k_splits_rows, 1);
+  EXPECT_EQ(tight.bytes, whole.bytes);
 }
 
 TEST(HopperStepPlan, NoPlanBelowTheSmallestChunk) {
