@@ -174,6 +174,21 @@ TEST(HopperPlan, Tf32PrefersTwoPassesToNarrowPanels) {
   EXPECT_EQ(FusedBackwardPlan::make(900, 900, 520, 256 * MiB, H200_SMS, 4).panel, 900);
 }
 
+TEST(HopperPlan, Bf16PrefersTwoPassesToNarrowPanels) {
+  // Contrastive B = 65536, c = 512: 192 MiB holds one pass with 256 columns a panel, slower than
+  // the two passes (MIN_BF16_PANEL); 224 MiB holds 512 columns, faster; a problem narrower than
+  // that takes every column in one pass.
+  const FusedBackwardPlan two = FusedBackwardPlan::make(65536, 65536, 512, 192 * MiB, H200_SMS);
+  ASSERT_TRUE(two.fits);
+  EXPECT_TRUE(two.two_passes());
+  EXPECT_LE(two.bytes, 192 * MiB);
+  const FusedBackwardPlan one = FusedBackwardPlan::make(65536, 65536, 512, 224 * MiB, H200_SMS);
+  ASSERT_TRUE(one.fits);
+  EXPECT_FALSE(one.two_passes());
+  EXPECT_GE(one.panel, FusedBackwardPlan::MIN_BF16_PANEL);
+  EXPECT_EQ(FusedBackwardPlan::make(300, 300, 64, 256 * MiB, H200_SMS).panel, 300);
+}
+
 }  // namespace
 
 // The training step's plan (hopper_step_plan.hpp): one chunk of every row when it fits, else the

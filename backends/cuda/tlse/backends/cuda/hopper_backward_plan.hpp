@@ -200,9 +200,9 @@ struct FusedBackwardPlan {
   }
 
   /// The panel (up to MAX_PANEL) whose workspace fits `budget` and whose cost() is least, the
-  /// wider one on a tie. Where no panel's accumulator fits (TF32: no panel of MIN_TF32_PANEL), the
-  /// two passes of least two_pass_cost() that fit (TF32: else the narrower one-pass panel);
-  /// fits = false (and the narrowest plan) when nothing does.
+  /// wider one on a tie. Where no panel of min_one_pass_panel() columns fits with the accumulator,
+  /// the two passes of least two_pass_cost() that fit, else the narrower one-pass panel; fits =
+  /// false (and the narrowest plan) when nothing does.
   static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms,
                                 std::int64_t element = BF16_BYTES);
 
@@ -217,6 +217,18 @@ struct FusedBackwardPlan {
   /// c = 512): one pass with panels of 256 columns 144.5 ms fwd+bwd (512 MiB), two passes with
   /// column and row panels of 768 105.4 ms (384 MiB), one pass with panels of 1280 99.4 ms (1 GiB).
   static constexpr std::int64_t MIN_TF32_PANEL = 1024;
+  /// The same for bf16: per panel the accumulating product dA += G B_panel adds a whole rows x
+  /// depth fp32 tile set (ACCUMULATE_STEPS a tile) for K = panel. Measured on an H200 (2026-11-28,
+  /// contrastive B = 65536, c = 512, fwd+bwd): one pass with panels of 256 columns 67.77 ms (192
+  /// MiB), of 512 46.99 ms (224 MiB), of 768 42.09 ms (256 MiB); the two passes 49.28-49.30 ms
+  /// (128 MiB). 192 MiB ran the 256 columns, 37% slower than 128 MiB; now it runs two passes of
+  /// 1024 columns: 47.4 ms (docs/performance.md).
+  static constexpr std::int64_t MIN_BF16_PANEL = 512;
+  /// One-pass panels narrower than this (unless that is every column) are taken only where the
+  /// two passes do not fit.
+  static std::int64_t min_one_pass_panel(std::int64_t cols, std::int64_t element) {
+    return std::min(cols, element == 4 ? MIN_TF32_PANEL : MIN_BF16_PANEL);
+  }
 
   /// Past this many rows a row panel's G (rows x every column) only takes memory: its product
   /// (K = every column) fills the device from a few hundred rows.
@@ -253,8 +265,7 @@ struct FusedBackwardPlan::Cheapest {
 
 inline FusedBackwardPlan FusedBackwardPlan::make(std::int64_t rows, std::int64_t cols, std::int64_t depth,
                                                  std::size_t budget, int sms, std::int64_t element) {
-  // TF32 takes one-pass panels narrower than MIN_TF32_PANEL only where its two passes do not fit.
-  const std::int64_t wide = element == 4 ? std::min(cols, MIN_TF32_PANEL) : 1;
+  const std::int64_t wide = min_one_pass_panel(cols, element);
   Cheapest wide_best, narrow_best;
   for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
     (panel >= wide ? wide_best : narrow_best)
