@@ -51,14 +51,16 @@ struct FusedBackwardPlan {
   /// Of B^T in the two passes' row pass (TF32): every column.
   std::int64_t ldbt_all() const { return (cols + 7) / 8 * 8; }
 
-  /// K splits of a product with an M x N output over K: only when the output has fewer tiles than
-  /// the device has SMs (a split's fp32 partial of the whole output costs memory that a better
-  /// last wave does not repay), then as libtiledlse_hopper chooses them (one CTA per SM; a split
-  /// costs two K steps of partial writes and sums).
-  static int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms, std::int64_t k_step) {
+  /// K splits of a product with an M x N output over K, as libtiledlse_hopper chooses them (one
+  /// CTA per SM; a split costs two K steps of partial writes and sums): up to MAX_K_SPLITS when the
+  /// output has fewer tiles than the device has SMs, else up to `most_with_many_tiles` (by default
+  /// none: a split's fp32 partial of the whole output costs memory that a better last wave does
+  /// not repay, but for the training step's long dA product, StepPlan).
+  static int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms, std::int64_t k_step,
+                              int most_with_many_tiles = 1) {
     const std::int64_t out_tiles = ((M + TILE_M - 1) / TILE_M) * ((N + TILE_N - 1) / TILE_N);
-    if (out_tiles >= sms) return 1;
-    return balanced_splits(out_tiles, (K + k_step - 1) / k_step, MAX_K_SPLITS, sms, 2, 1);
+    return balanced_splits(out_tiles, (K + k_step - 1) / k_step, out_tiles >= sms ? most_with_many_tiles : MAX_K_SPLITS,
+                           sms, 2, 1);
   }
   int product_k_splits(std::int64_t M, std::int64_t N, std::int64_t K, int sms) const {
     return product_k_splits(M, N, K, sms, k_step());

@@ -63,30 +63,22 @@ struct StepPlan {
                                   k_splits_cols > 1 ? k_splits_cols * cols * depth : 0);
   }
 
-  /// K splits of dA_chunk = G B, whose K runs over every column (thousands of K steps): as the
-  /// backward's products split theirs, and where the output has more tiles than SMs, two splits
-  /// when they fill the last wave better by more than their partials cost (as libtiledlse_hopper
-  /// weighs them: two K steps). Measured on an H200 (2026-11-28, the product alone): N=8192
-  /// D=2304 V=256000, 576 tiles (4.36 waves on 132 SMs): 11.95 ms in one piece, 11.27 ms in two
-  /// (8.73 waves); in the step 0.2-0.4 ms of 45.8 (docs/performance.md). Never more than two
-  /// there: 11 splits took 13.7-13.9 ms, and 9 at N=4096 D=4096 6.1-6.2 ms against 4.95 in one
-  /// (the units running together then read different K ranges).
-  static int rows_product_k_splits(std::int64_t chunk, std::int64_t depth, std::int64_t cols, int sms) {
-    constexpr std::int64_t k_step = FusedBackwardPlan::K_STEP;
-    const int few_tiles = FusedBackwardPlan::product_k_splits(chunk, depth, cols, sms, k_step);
-    if (few_tiles > 1) return few_tiles;
-    const std::int64_t out_tiles =
-        ((chunk + TILE_M - 1) / TILE_M) * ((depth + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N);
-    return balanced_splits(out_tiles, (cols + k_step - 1) / k_step, 2, sms, 2, 1);
-  }
-
   /// The plan of chunks of `chunk` rows; dA's product in one piece unless split_rows_product.
   static StepPlan with_chunk(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t chunk, int sms,
                              bool split_rows_product = true) {
     StepPlan p;
     p.rows = rows, p.cols = cols, p.depth = depth, p.chunk = chunk;
     p.ld_exponentials = (cols + 7) / 8 * 8;
-    p.k_splits_rows = split_rows_product ? rows_product_k_splits(chunk, depth, cols, sms) : 1;
+    // dA_chunk = G B runs K over every column (thousands of K steps): where its output has more
+    // tiles than SMs, two splits when they fill the last wave better. Measured on an H200
+    // (2026-11-28, the product alone): N=8192 D=2304 V=256000, 576 tiles (4.36 waves on 132 SMs):
+    // 11.95 ms in one piece, 11.27 ms in two (8.73 waves); in the step 0.2-0.4 ms of 45.8
+    // (docs/performance.md). Never more than two there: 11 splits took 13.7-13.9 ms, and 9 at
+    // N=4096 D=4096 6.1-6.2 ms against 4.95 in one (the units running together read different K
+    // ranges).
+    p.k_splits_rows = split_rows_product
+                          ? FusedBackwardPlan::product_k_splits(chunk, depth, cols, sms, FusedBackwardPlan::K_STEP, 2)
+                          : 1;
     p.k_splits_cols = FusedBackwardPlan::product_k_splits(cols, depth, chunk, sms, FusedBackwardPlan::K_STEP);
     WorkspaceCarver sizing;
     p.carve(sizing);
@@ -96,7 +88,7 @@ struct StepPlan {
 
   /// One chunk of every row when it fits `budget`, else the largest chunk (a multiple of TILE_M,
   /// at least MIN_CHUNK) that does; fits = false when none does. dA's product is split where
-  /// rows_product_k_splits says so and its partials fit too: a larger chunk comes first.
+  /// product_k_splits says so and its partials fit too: a larger chunk comes first.
   static StepPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
     if (rows <= 0 || cols <= 0 || depth <= 0) return StepPlan{};
     const auto fitting = [&](std::int64_t chunk, StepPlan& p) {
