@@ -214,8 +214,8 @@ inline void expect_grad_close(const char* what, const std::vector<double>& got, 
   ::testing::Types<tlse::test::Config<Kokkos::Cuda, float>, tlse::test::Config<Kokkos::Cuda, double>,       \
                    tlse::test::Config<Kokkos::Cuda, tlse::bfloat16>, tlse::test::Config<Kokkos::Cuda, tlse::float16>>
 #elif defined(TLSE_TEST_OPENMP_ONLY)
-// The sanitizer build (scripts/sanitize.sh): Serial runs the same generic kernels as OpenMP, and
-// leaving it out halves that build's compile time.
+// The sanitizer build (scripts/sanitize.sh) and the distributed test: Serial runs the same generic
+// kernels as OpenMP, and leaving it out halves their compile time.
 #define TLSE_TEST_CONFIGS                                                                                    \
   ::testing::Types<tlse::test::Config<Kokkos::OpenMP, float>, tlse::test::Config<Kokkos::OpenMP, double>,   \
                    tlse::test::Config<Kokkos::OpenMP, tlse::bfloat16>, tlse::test::Config<Kokkos::OpenMP, tlse::float16>>
