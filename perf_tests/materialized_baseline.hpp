@@ -61,13 +61,13 @@ Vector<Exec, T> vector(Allocations& a, const char* label, std::size_t n) {
   return a.add(Vector<Exec, T>(std::string(label), n));
 }
 
-/// C = alpha op(A) op(B). The fences order gemm (on the default instance) after the work
+/// C = alpha op(A) op(B) + beta C. The fences order gemm (on the default instance) after the work
 /// queued on `exec` and before the work queued after it, should `exec` be another instance.
 template <class Exec, class AV, class BV, class CV>
 void gemm(const Exec& exec, const char* transA, const char* transB, typename CV::value_type alpha, const AV& A,
-          const BV& B, const CV& C) {
+          const BV& B, const CV& C, typename CV::value_type beta = 0) {
   exec.fence();
-  KokkosBlas::gemm(transA, transB, alpha, A, B, typename CV::value_type(0), C);
+  KokkosBlas::gemm(transA, transB, alpha, A, B, beta, C);
   Exec().fence();
 }
 
@@ -176,7 +176,9 @@ void col_lse(const Exec& exec, const Matrix<Exec, Acc>& X, const Vector<Exec, Ac
 }  // namespace detail
 
 /// Symmetric CLIP loss with diagonal positives, mean over the batch:
-/// L = (1/b) sum_i [ (row_lse_i - x_ii) + (col_lse_i - x_ii) ] / 2, x = scale I T^T.
+/// L = (1/b) sum_i [ (row_lse_i - x_ii) + (col_lse_i - x_ii) ] / 2, x = scale I T^T;
+/// or with `self_similarity` NT-Xent over Z = I (T unused, may be empty): x = scale Z Z^T with the
+/// diagonal at -inf, L = (1/b) sum_i (row_lse_i - x_{i,p(i)}), p(i) = (i + b/2) mod b.
 template <class Exec, class T>
 class MaterializedContrastive {
  public:
@@ -185,26 +187,40 @@ class MaterializedContrastive {
   using Input = Kokkos::View<const T**, Kokkos::LayoutRight, Mem>;
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
-  MaterializedContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale)
+  MaterializedContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale, bool self_similarity = false)
       : exec_(exec),
         scale_(Acc(scale)),
+        self_(self_similarity),
         I_(alloc_, "tlse::baseline::I", I),
-        T_(alloc_, "tlse::baseline::T", Tx),
-        x_(detail::matrix<Exec, Acc>(alloc_, "tlse::baseline::logits", I.extent(0), Tx.extent(0))),
+        T_(alloc_, "tlse::baseline::T", self_similarity ? Input() : Tx),
+        x_(detail::matrix<Exec, Acc>(alloc_, "tlse::baseline::logits", I.extent(0),
+                                     self_similarity ? I.extent(0) : Tx.extent(0))),
         row_lse_(detail::vector<Exec, Acc>(alloc_, "tlse::baseline::row_lse", I.extent(0))),
-        col_lse_(detail::vector<Exec, Acc>(alloc_, "tlse::baseline::col_lse", Tx.extent(0))),
+        col_lse_(detail::vector<Exec, Acc>(alloc_, "tlse::baseline::col_lse", self_similarity ? 0 : Tx.extent(0))),
         dI_(alloc_, "tlse::baseline::dI", I.extent(0), I.extent(1)),
-        dT_(alloc_, "tlse::baseline::dT", Tx.extent(0), Tx.extent(1)) {}
+        dT_(alloc_, "tlse::baseline::dT", self_similarity ? 0 : Tx.extent(0), I.extent(1)) {}
 
-  /// Materializes x, both LSE vectors and the loss.
+  /// Materializes x, the LSE vectors and the loss.
   void forward() {
     I_.widen(exec_);
     T_.widen(exec_);
-    detail::gemm(exec_, "N", "T", scale_, I_.view(), T_.view(), x_);
-    detail::row_lse(exec_, x_, row_lse_);
-    detail::col_lse(exec_, x_, col_lse_);
+    detail::gemm(exec_, "N", "T", scale_, I_.view(), self_ ? I_.view() : T_.view(), x_);
     const auto x = x_;
     const auto row = row_lse_, col = col_lse_;
+    if (self_) {
+      Kokkos::parallel_for(
+          "tlse::baseline::exclude_diagonal", Kokkos::RangePolicy<Exec>(exec_, 0, x.extent(0)),
+          KOKKOS_LAMBDA(std::size_t i) { x(i, i) = -impl::infinity<Acc>(); });
+      detail::row_lse(exec_, x_, row_lse_);
+      const std::size_t b = x.extent(0);
+      const Acc w = Acc(1) / Acc(b);
+      Kokkos::parallel_reduce(
+          "tlse::baseline::self_contrastive_loss", Kokkos::RangePolicy<Exec>(exec_, 0, b),
+          KOKKOS_LAMBDA(std::size_t i, Acc & s) { s += w * (row(i) - x(i, (i + b / 2) % b)); }, loss_);
+      return;
+    }
+    detail::row_lse(exec_, x_, row_lse_);
+    detail::col_lse(exec_, x_, col_lse_);
     const Acc w = Acc(1) / Acc(2 * x.extent(0));
     Kokkos::parallel_reduce(
         "tlse::baseline::contrastive_loss", Kokkos::RangePolicy<Exec>(exec_, 0, x.extent(0)),
@@ -212,15 +228,28 @@ class MaterializedContrastive {
   }
 
   /// dI = scale G T and dT = scale G^T I for dloss = 1, with
-  /// G_ij = (softmax_row_ij + softmax_col_ij - 2 [i == j]) / (2b). Overwrites the logits with G.
+  /// G_ij = (softmax_row_ij + softmax_col_ij - 2 [i == j]) / (2b); self-similarity: dI = dZ =
+  /// scale (G + G^T) Z with G_ij = (softmax_row_ij - [j == p(i)]) / b, dT untouched. Overwrites
+  /// the logits with G.
   void backward(const Gradient& dI, const Gradient& dT) {
     const auto x = x_;
     const auto row = row_lse_, col = col_lse_;
-    const Acc w = Acc(1) / Acc(2 * x.extent(0));
+    const std::size_t b = x.extent(0);
+    const auto all = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec_, {0, 0}, {b, x.extent(1)});
+    if (self_) {
+      const Acc w = Acc(1) / Acc(b);
+      Kokkos::parallel_for(
+          "tlse::baseline::self_contrastive_dlogits", all, KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
+            x(i, j) = w * (impl::exp(x(i, j) - row(i)) - (j == (i + b / 2) % b ? Acc(1) : Acc(0)));
+          });
+      detail::gemm(exec_, "N", "N", scale_, x_, I_.view(), dI_.target(dI));
+      detail::gemm(exec_, "T", "N", scale_, x_, I_.view(), dI_.target(dI), Acc(1));
+      dI_.narrow(exec_, dI);
+      return;
+    }
+    const Acc w = Acc(1) / Acc(2 * b);
     Kokkos::parallel_for(
-        "tlse::baseline::contrastive_dlogits",
-        Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec_, {0, 0}, {x.extent(0), x.extent(1)}),
-        KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
+        "tlse::baseline::contrastive_dlogits", all, KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
           const Acc xij = x(i, j);
           x(i, j) = w * (impl::exp(xij - row(i)) + impl::exp(xij - col(j)) - (i == j ? Acc(2) : Acc(0)));
         });
@@ -239,6 +268,7 @@ class MaterializedContrastive {
  private:
   Exec exec_;
   Acc scale_;
+  bool self_;
   detail::Allocations alloc_;  // declared before the buffers it counts
   detail::Operand<Exec, T> I_, T_;
   detail::Matrix<Exec, Acc> x_;

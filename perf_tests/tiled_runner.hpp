@@ -28,7 +28,9 @@ std::size_t team_scratch_bytes(std::int64_t depth) {
                   Backward::scratch0_bytes() + Backward::scratch1_bytes(depth));
 }
 
-/// Symmetric CLIP loss with diagonal positives (tlse::contrastive_loss and its backward).
+/// Symmetric CLIP loss with diagonal positives (tlse::contrastive_loss and its backward), or with
+/// `self_similarity` the NT-Xent form over Z = I (tlse::self_contrastive_loss: rows i and i + b/2
+/// are each other's positive, the diagonal excluded; T is not used, and backward() leaves dB alone).
 template <class Exec, class T>
 class TiledContrastive {
  public:
@@ -38,19 +40,35 @@ class TiledContrastive {
   using Gradient = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
 
   TiledContrastive(const Exec& exec, const Input& I, const Input& Tx, double scale,
-                   Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default)
-      : exec_(exec), I_(I), T_(Tx), row_lse_("row_lse", I.extent(0)), col_lse_("col_lse", I.extent(0)) {
+                   Precision precision = Precision::exact, std::size_t memory_budget = memory_budget_default,
+                   bool self_similarity = false)
+      : exec_(exec),
+        I_(I),
+        T_(Tx),
+        self_(self_similarity),
+        row_lse_("row_lse", I.extent(0)),
+        col_lse_("col_lse", self_similarity ? 0 : I.extent(0)) {
     opts_.scale = scale;
     opts_.precision = precision;
     opts_.memory_budget = memory_budget;
-    workspace_ = Kokkos::View<char*, Mem>("tlse::workspace", contrastive_loss_workspace_bytes(exec, I, Tx, opts_));
+    workspace_ =
+        Kokkos::View<char*, Mem>("tlse::workspace", self_ ? self_contrastive_loss_workspace_bytes(exec, I, opts_)
+                                                          : contrastive_loss_workspace_bytes(exec, I, Tx, opts_));
     opts_.workspace = {workspace_.data(), workspace_.size()};
     Kokkos::deep_copy(dloss_, Acc(1));
   }
 
-  void forward() { contrastive_loss(exec_, I_, T_, Labels(), loss_, row_lse_, col_lse_, opts_); }
+  void forward() {
+    if (self_)
+      self_contrastive_loss(exec_, I_, loss_, row_lse_, opts_);
+    else
+      contrastive_loss(exec_, I_, T_, Labels(), loss_, row_lse_, col_lse_, opts_);
+  }
   void backward(const Gradient& dI, const Gradient& dT) {
-    contrastive_loss_backward(exec_, I_, T_, Labels(), row_lse_, col_lse_, dloss_, dI, dT, AccVector(), opts_);
+    if (self_)
+      self_contrastive_loss_backward(exec_, I_, row_lse_, dloss_, dI, AccVector(), opts_);
+    else
+      contrastive_loss_backward(exec_, I_, T_, Labels(), row_lse_, col_lse_, dloss_, dI, dT, AccVector(), opts_);
   }
   double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(0); }
   /// Workspace and the row and column LSEs saved for the backward: O(b).
@@ -63,6 +81,7 @@ class TiledContrastive {
   using Labels = Kokkos::View<const int*, Mem>;  // empty: diagonal positives
   Exec exec_;
   Input I_, T_;
+  bool self_;
   ContrastiveOptions opts_;
   Kokkos::View<char*, Mem> workspace_;
   AccVector loss_{"loss", 1}, dloss_{"dloss", 1}, row_lse_, col_lse_;

@@ -36,6 +36,7 @@ struct Options {
   bool bias = false;                                  // --bias (cross-entropy)
   double ignore_fraction = 0;                         // --ignore-fraction (cross-entropy)
   double scale = 1 / 0.07;  // CLIP's initial temperature
+  bool self_similarity = false;  // --self-similarity (contrastive)
   int iterations = 3;
   std::uint64_t seed = 42;
   bool check = false;
@@ -53,13 +54,16 @@ inline const char* usage() {
 materialized baseline (KokkosBlas::gemm + softmax over the full matrix).
 
 usage:
-  tlse contrastive  --batch B --dim C [--scale S] [common options]
+  tlse contrastive  --batch B --dim C [--scale S] [--self-similarity] [common options]
   tlse cross-entropy --tokens N --dim D --vocab V [cross-entropy options] [common options]
   tlse --help
 
   contrastive     symmetric CLIP loss over B image/text pairs of C features (L2-normalized
                   random rows, diagonal positives), logits scale * I T^T; --scale defaults to
-                  1/0.07 = 14.2857.
+                  1/0.07 = 14.2857. With --self-similarity, the NT-Xent (SimCLR) form instead:
+                  one matrix Z of B rows (B even: two views of B/2 samples, row i's positive
+                  is row i + B/2 mod B), logits scale * Z Z^T without the diagonal, gradient dZ
+                  (tlse::self_contrastive_loss); the same B x B logits as the paired form.
   cross-entropy   mean cross-entropy of N tokens over a vocabulary of V classes, on random or
                   trained-LM-like inputs (--inputs). Prints what gradient filtering can skip on
                   them, measured in float64 on 256 sampled rows (perf_tests/softmax_statistics.hpp):
@@ -269,6 +273,9 @@ inline Options parse_command_line(int argc, const char* const* argv) {
       o.batch = detail::positive_integer(flag, next());
     } else if (contrastive && flag == "--scale") {
       o.scale = detail::positive_number(flag, next());
+    } else if (contrastive && flag == "--self-similarity") {
+      no_value();
+      o.self_similarity = true;
     } else if (!contrastive && flag == "--tokens") {
       o.tokens = detail::positive_integer(flag, next());
     } else if (!contrastive && flag == "--vocab") {
@@ -311,6 +318,9 @@ inline Options parse_command_line(int argc, const char* const* argv) {
   };
   if (contrastive) {
     require(o.batch, "--batch");
+    if (o.self_similarity && o.batch % 2 != 0)
+      throw UsageError("--self-similarity needs an even --batch (two views of each sample), got '" +
+                       std::to_string(o.batch) + "'");
   } else {
     require(o.tokens, "--tokens");
     require(o.vocab, "--vocab");

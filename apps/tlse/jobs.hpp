@@ -68,26 +68,33 @@ template <class T>
 int run_contrastive(const Options& o) {
   using Acc = accumulator_t<T>;
   const std::int64_t b = o.batch, c = o.dim;
-  print_header(o, scalar_name<T>(),
-               "batch " + std::to_string(b) + ", dim " + std::to_string(c) + ", scale " + std::to_string(o.scale));
+  const bool self = o.self_similarity;  // Z = the problem's I; T is not used
+  const std::string form = self ? " (self-similarity: two views of " + std::to_string(b / 2) + " samples)" : "";
+  print_header(
+      o, scalar_name<T>(),
+      "batch " + std::to_string(b) + form + ", dim " + std::to_string(c) + ", scale " + std::to_string(o.scale));
   auto problem = perf::contrastive_problem(o.seed, b, c);
-  const DeviceMatrix<T> I = perf::upload<T>("I", problem.I), Tx = perf::upload<T>("T", problem.T);
+  const DeviceMatrix<T> I = perf::upload<T>("I", problem.I);
+  const DeviceMatrix<T> Tx = self ? DeviceMatrix<T>() : perf::upload<T>("T", problem.T);
+  const std::int64_t rows_b = self ? 0 : b;  // no dT in the self-similarity form
 
   std::vector<Outcome> outcomes;
   {
-    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale, precision(o), o.memory_budget);
-    outcomes.push_back(measure<T>(o, "TiledLSE", tiled, b, b, c));
+    perf::TiledContrastive<Exec, T> tiled(Exec(), I, Tx, o.scale, precision(o), o.memory_budget, self);
+    outcomes.push_back(measure<T>(o, "TiledLSE", tiled, b, rows_b, c));
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) +
-                                  " + saved row/column LSEs; plus team scratch " +
+                                  (self ? " + saved row LSEs" : " + saved row/column LSEs") + "; plus team scratch " +
                                   bytes_text(double(tiled.team_scratch_bytes())) +
                                   " per team (tile-sized, independent of the batch)";
   }
   if (o.baseline) {
-    baseline::MaterializedContrastive<Exec, T> base(Exec(), I, Tx, o.scale);
-    outcomes.push_back(measure<T>(o, "materialized", base, b, b, c));
+    baseline::MaterializedContrastive<Exec, T> base(Exec(), I, Tx, o.scale, self);
+    outcomes.push_back(measure<T>(o, "materialized", base, b, rows_b, c));
     outcomes.back().memory_note = "logits " + std::to_string(b) + " x " + std::to_string(b) + " " +
                                   bytes_text(double(base.logit_bytes())) + " + LSEs" +
-                                  (std::is_same<T, Acc>::value ? "" : " + float copies of I, T, dI, dT");
+                                  (std::is_same<T, Acc>::value ? ""
+                                   : self                      ? " + float copies of Z, dZ"
+                                                               : " + float copies of I, T, dI, dT");
   }
   print_table(outcomes);
   if (!o.check) return 0;
@@ -95,6 +102,10 @@ int run_contrastive(const Options& o) {
   announce_reference(5.0 * double(b) * double(b) * double(c));
   ContrastiveOptions ref_opts;
   ref_opts.scale = o.scale;
+  if (self) {
+    const auto ref = testing::self_contrastive_reference(problem.I, ref_opts, 1.0);
+    return check_outcomes(outcomes, ref.loss, {&ref.dI}, {"dZ"}, tolerance<T>(o.tf32)) ? 0 : 1;
+  }
   const auto ref = testing::contrastive_reference(problem.I, problem.T, {}, ref_opts, 1.0);
   return check_outcomes(outcomes, ref.loss, {&ref.dI, &ref.dT}, {"dI", "dT"}, tolerance<T>(o.tf32)) ? 0 : 1;
 }

@@ -1,0 +1,54 @@
+"""PyTorch's NT-Xent (SimCLR's self-similarity contrastive loss) with the logits materialized: the
+baseline of `tlse contrastive --self-similarity`, which shared/bench/baselines.py (the paired CLIP
+form only) does not measure. Z: B rows of L2-normalized N(0,1) features (rows i and i + B/2 are
+the two views of one sample), logits scale * Z Z^T with the diagonal set to -inf, mean
+cross-entropy of each row against the other view, scale 1/0.07 (tlse's default). In fp32 with
+TF32 off (as baselines.py's contrastive case) or with bf16 features (the mixed-precision way: a
+bf16 product, its logits widened to fp32 for the softmax). Timed and measured with baselines.py's
+helpers: copy it next to this file first (perf_tests/baselines.py, gitignored).
+
+    python3 perf_tests/torch_self_contrastive.py [B C fp32|bf16]   # default 65536 512 bf16
+
+Prints one JSON line, like baselines.py.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from baselines import dev, peak_mib, timeit  # noqa: E402
+
+
+def nt_xent(B, C, dtype, scale=1 / 0.07):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device=dev).manual_seed(2)
+    z = F.normalize(torch.randn(B, C, device=dev, generator=g), dim=-1).to(dtype).requires_grad_(True)
+    positive = (torch.arange(B, device=dev) + B // 2) % B
+
+    def loss_fn():
+        logits = (scale * (z @ z.T)).float()
+        logits.diagonal().fill_(float("-inf"))  # a sample is not its own negative
+        return F.cross_entropy(logits, positive)
+
+    def fw():
+        with torch.no_grad():
+            loss_fn()
+
+    def fwbw():
+        z.grad = None
+        loss_fn().backward()
+
+    print(json.dumps(dict(kind="self_contrastive", method="torch_materialized", B=B, C=C,
+                          dtype="bf16" if dtype == torch.bfloat16 else "fp32", loss=loss_fn().item(),
+                          fw_ms=timeit(fw), fwbw_ms=timeit(fwbw, iters=5), fw_MiB=peak_mib(fw),
+                          fwbw_MiB=peak_mib(fwbw))), flush=True)
+
+
+if __name__ == "__main__":
+    B, C = (int(a) for a in sys.argv[1:3]) if len(sys.argv) >= 3 else (65536, 512)
+    name = sys.argv[3] if len(sys.argv) >= 4 else "bf16"
+    if B % 2 or name not in ("fp32", "bf16"):
+        sys.exit("usage: torch_self_contrastive.py [B (even) C fp32|bf16]")
+    nt_xent(B, C, torch.bfloat16 if name == "bf16" else torch.float32)
