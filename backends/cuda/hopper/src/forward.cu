@@ -46,7 +46,7 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   const int64_t kept = kept_columns(a);
   kp.epilogue = {device_side(a.rows),
                  device_side(a.cols),
-                 device_logit_model<Input>(a.logit, a.cols),
+                 device_logit_model<Input>(a.logit, a.rows, a.cols),
                  a.row_max,
                  a.row_sum,
                  a.col_max,
@@ -142,8 +142,8 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     // Every column takes x = scale * dot, or for the row LSE alone x = capped(scale * dot): the
     // kernel without the general logit model (whose per-entry ids, bias and masks made the
     // forward 2.3x slower under a softcap: 29.9 against 12.7 ms, N=8192 V=128256, H200).
-    const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->cols);
-    const bool simple = model.simple_cols == a->cols.count || (!columns && model.capped_cols == a->cols.count);
+    const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->rows, a->cols);
+    const bool simple = model.all_simple(a->cols.count) || (!columns && model.capped_cols == a->cols.count);
     const auto s = static_cast<cudaStream_t>(stream);
     if constexpr (std::is_same<Input, cutlass::bfloat16_t>::value)
       if (a->exponentials)

@@ -24,7 +24,7 @@ int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   kp.schedule = TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), 1, int(per_split), int(k_tiles), 1);
   auto& e = kp.epilogue;
   e.rows = device_side(a.rows), e.cols = device_side(a.cols);
-  e.logit = device_logit_model<Input>(a.logit, a.cols);
+  e.logit = device_logit_model<Input>(a.logit, a.rows, a.cols);
   e.row_terms = device_terms(a.row_terms), e.col_terms = device_terms(a.col_terms);
   e.filter_eps = a.filter_eps;
   e.col_begin = a.col_begin, e.col_end = a.col_end;
@@ -77,10 +77,10 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
     // Every column of the panel takes x = scale * dot: the kernel without the general logit model;
     // or, for the row side alone with gradient filtering (the cross-entropy's default),
     // x = capped(scale * dot): that kernel's softcap variant.
-    const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->cols);
+    const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->rows, a->cols);
     const bool capped = a->row_terms.g != nullptr && a->col_terms.g == nullptr && a->filter_eps > 0.f &&
                         model.capped_cols >= a->col_end;
-    const bool simple = model.simple_cols >= a->col_end;
+    const bool simple = model.all_simple(a->col_end);
     const auto s = static_cast<cudaStream_t>(stream);
     if (capped) return run_gradient<Input, false, true, true>(*a, s);
     if (!simple) return run_gradient<Input, true, true>(*a, s);

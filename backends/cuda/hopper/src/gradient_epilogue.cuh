@@ -76,17 +76,17 @@ struct GradientEpilogue {
 
   /// Before tile (m, n)'s products: the column side's terms of column ct, and its general model
   /// where the tile needs it (their loads' latency hides behind the products).
-  __device__ void prefetch(const WorkUnit&, int, int n) {
+  __device__ void prefetch(const WorkUnit&, int m, int n) {
     next_other = TermsAt{};
     const int64_t col = p.col_begin + int64_t(n) * TILE_N + ct;
     if (p.col_terms.active() && col < p.col_end) next_other.load(p.col_terms, p.cols.id(col));
     if constexpr (General)
-      if (general(col - ct)) next_column = p.logit.column(p.cols, col, p.col_end);
+      if (general(int64_t(m) * TILE_M, col - ct)) next_column = p.logit.column(p.cols, col, p.col_end);
   }
 
-  /// Whether the tile at col0 takes the general loop (in a kernel that has one).
-  __device__ __forceinline__ bool general(int64_t col0) const {
-    return !(p.logit.simple_columns(col0, TILE_N) && col0 + TILE_N <= p.col_end);
+  /// Whether the tile at (row0, col0) takes the general loop (in a kernel that has one).
+  __device__ __forceinline__ bool general(int64_t row0, int64_t col0) const {
+    return !(p.logit.simple_tile(row0, TILE_M, col0, TILE_N) && col0 + TILE_N <= p.col_end);
   }
 
   template <class Acc>
@@ -98,7 +98,7 @@ struct GradientEpilogue {
     // reached the previous tile's barrier; s.col_sum is read until the end of the previous tile,
     // so one barrier serves both. The model's columns share col_sum's bytes: put after every
     // thread is done with the previous tile's, read after the barrier.
-    const bool general_tile = General && general(col0);
+    const bool general_tile = General && general(row0, col0);
     if (general_tile) {
       consumer_sync();
       s.model_columns[ct] = next_column;

@@ -69,7 +69,8 @@ struct LseForwardEpilogue {
   __device__ void prefetch(const WorkUnit& w, int m, int n) {
     if constexpr (General) {
       const int64_t col0 = int64_t(n) * TILE_N;
-      if (!p.logit.simple_columns(col0, TILE_N)) next_column = p.logit.column(p.cols, col0 + ct, p.cols.count);
+      if (!p.logit.simple_tile(int64_t(m) * TILE_M, TILE_M, col0, TILE_N))
+        next_column = p.logit.column(p.cols, col0 + ct, p.cols.count);
     }
     if constexpr (Columns) {
       const int64_t col = int64_t(n) * TILE_N + ct;
@@ -107,7 +108,7 @@ struct LseForwardEpilogue {
       if (p.col_max && !p.col_logit_sum && col0 + TILE_N <= p.cols.count && one_exponential(acc, c, w, m, row0, col0))
         return;
     if constexpr (General) {
-      if (p.logit.simple_columns(col0, TILE_N)) {
+      if (p.logit.simple_tile(row0, TILE_M, col0, TILE_N)) {
         rows(acc, c, row0, col0);
       } else {
         consumer_sync();  // every thread is done with the previous general tile's columns

@@ -153,12 +153,18 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
 /// columns from valid on (they take no part), which runs the kernel with the general logit model;
 /// without it every column is x = scale * dot and the kernel has only the simple one. Without
 /// the logit sums (sums false: the contrastive loss's forward) that kernel takes one exponential
-/// per entry for both sides in the tiles whose logits lie within 64 of each other.
+/// per entry for both sides in the tiles whose logits lie within 64 of each other. diagonal:
+/// entry (i, i + diagonal) is masked (the self-similarity form's mask, diagonal 0), the general
+/// model in the tiles it meets and the simple one elsewhere, in the same kernel.
+constexpr int64_t NO_DIAGONAL = INT64_MIN;
 void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev, int64_t valid = INT64_MAX,
-                   bool sums = true) {
+                   bool sums = true, int64_t diagonal = NO_DIAGONAL) {
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(stddev), B.fill(stddev);
-  const std::vector<double> x = logits(A, B, scale);
+  std::vector<double> x = logits(A, B, scale);
+  for (int64_t i = 0; diagonal != NO_DIAGONAL && i < R; ++i)
+    if (i + diagonal >= 0 && i + diagonal < C) x[i * C + i + diagonal] = -INFINITY;
+  const auto magnitude = [](double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; };
   void *dA = A.device(), *dB = B.device();
   const int64_t max_splits = 8, max_groups = 4;
   float* parts = nullptr;
@@ -170,11 +176,13 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   a.col_logit_sum = sums ? a.col_sum + max_groups * C : nullptr;
   a.max_col_splits = max_splits, a.max_row_groups = max_groups;
   a.logit.valid_cols = valid;
+  if (diagonal != NO_DIAGONAL) a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = diagonal;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::string name = "forward dtype " + std::to_string(dtype) + " " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale) +
-                           (valid < C ? " valid " + std::to_string(valid) : "") + (sums ? "" : " no sums");
+                           (valid < C ? " valid " + std::to_string(valid) : "") + (sums ? "" : " no sums") +
+                           (diagonal != NO_DIAGONAL ? " diagonal " + std::to_string(diagonal) + " masked" : "");
   const int64_t V = std::min(C, valid);
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
@@ -190,13 +198,14 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   double worst_row = 0, worst_col = 0, worst_sum = 0;
   for (int64_t i = 0; i < R; ++i) {
     double amax = 0;
-    for (int64_t j = 0; j < V; ++j) amax = std::max(amax, std::fabs(x[i * C + j]));
+    for (int64_t j = 0; j < V; ++j) amax = std::max(amax, magnitude(x[i * C + j]));
     const double ref = lse_along(x, i * C, 1, V), got = merge_lse(row_max, row_sum, a.col_splits, R, i);
     worst_row = std::max(worst_row, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
   }
   for (int64_t j = 0; j < V; ++j) {  // a masked column has no LSE of its own to check
     double amax = 0, total = 0;
-    for (int64_t i = 0; i < R; ++i) amax = std::max(amax, std::fabs(x[i * C + j])), total += x[i * C + j];
+    for (int64_t i = 0; i < R; ++i)  // the logit sums leave masked entries out
+      amax = std::max(amax, magnitude(x[i * C + j])), total += x[i * C + j] != -INFINITY ? x[i * C + j] : 0.0;
     const double ref = lse_along(x, j, C, R), got = merge_lse(col_max, col_sum, a.row_groups, C, j);
     worst_col = std::max(worst_col, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
     if (!sums) continue;
@@ -372,26 +381,31 @@ void* transposed(const Operand& op, int64_t first, int64_t n, int64_t ld) {
   return d;
 }
 
-/// The general logit model as check_backward applies it (on): column position j has id C - 1 - j
-/// (a reversed index), a bias by id in the input type, ids from C - 45 on masked, the diagonal
-/// (column id = row id + 5) masked, a softcap of 20. Off: x = dot (scale 1).
+/// The logit model as check_backward applies it. general: column position j has id C - 1 - j (a
+/// reversed index), a bias by id in the input type, ids from C - 45 on masked, the diagonal
+/// (column id = row id + 5) masked, a softcap of 20. diagonal: x = dot but for that diagonal,
+/// masked (the self-similarity form's model: the simple one in the tiles the diagonal does not
+/// meet). simple: x = dot (scale 1).
+enum class Model { simple, general, diagonal };
 struct GeneralModel {
   static constexpr int64_t MASKED_IDS = 45, DIAGONAL_OFFSET = 5;
   static constexpr double SOFTCAP = 20;
-  bool on;
+  Model kind;
+  bool on;  // any mask
   int64_t C;
   Operand bias;  // C x 1, by id
-  GeneralModel(bool general, int dtype, int64_t cols) : on(general), C(cols), bias{dtype, cols, 1} {
-    if (on) bias.fill(1.0);
+  GeneralModel(Model k, int dtype, int64_t cols) : kind(k), on(k != Model::simple), C(cols), bias{dtype, cols, 1} {
+    if (kind == Model::general) bias.fill(1.0);
   }
-  int64_t id(int64_t j) const { return on ? C - 1 - j : j; }
-  int64_t valid() const { return on ? C - MASKED_IDS : C; }
+  int64_t id(int64_t j) const { return kind == Model::general ? C - 1 - j : j; }
+  int64_t valid() const { return kind == Model::general ? C - MASKED_IDS : C; }
   bool masked(int64_t i, int64_t j) const { return on && (id(j) >= valid() || id(j) == i + DIAGONAL_OFFSET); }
   double logit(double dot, int64_t i, int64_t j) const {
-    if (!on) return dot;
-    return masked(i, j) ? -INFINITY : SOFTCAP * std::tanh((dot + bias.value[size_t(id(j))]) / SOFTCAP);
+    if (masked(i, j)) return -INFINITY;
+    if (kind != Model::general) return dot;
+    return SOFTCAP * std::tanh((dot + bias.value[size_t(id(j))]) / SOFTCAP);
   }
-  double dx_dz(double x) const { return on ? 1 - (x / SOFTCAP) * (x / SOFTCAP) : 1.0; }
+  double dx_dz(double x) const { return kind == Model::general ? 1 - (x / SOFTCAP) * (x / SOFTCAP) : 1.0; }
   /// A target id for row i that the model does not mask.
   int32_t target(int64_t i) const {
     for (;;) {
@@ -406,17 +420,17 @@ struct GeneralModel {
 /// transposed copies of the inputs (made exact in TF32, so that the reference multiplies what the
 /// tensor cores do). The tolerance counts G's rounding (bf16 2^-9, TF32 2^-11) and the fp32 sums,
 /// as u times the sum of |terms|. both: the columns' softmax terms too (the contrastive loss).
-/// general: the rows' terms under the general logit model (GeneralModel), which the kernel reads
-/// per tile from shared memory that it shares with the column sums.
+/// model: the rows' terms under that logit model (GeneralModel; the general one's columns the
+/// kernel reads per tile from shared memory that it shares with the column sums).
 void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end, double filter_eps,
-                    bool both = false, bool general = false) {
+                    bool both = false, Model kind = Model::simple) {
   const bool tf32 = dtype == TLSE_HOP_TF32;
   const int elem = tf32 ? 4 : 2;
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(1.0), B.fill(4.0 / std::sqrt(double(D)));
   if (tf32) A.round_to_tf32(), B.round_to_tf32();
   const double scale = 1.0;
-  const GeneralModel model(general && !both, dtype, C);
+  const GeneralModel model(both ? Model::simple : kind, dtype, C);
   const std::vector<double> dots = logits(A, B, scale);
   std::vector<double> x(dots.size());
   for (int64_t i = 0; i < R; ++i)
@@ -464,7 +478,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   std::vector<int32_t> ids(static_cast<size_t>(C));
   for (int64_t j = 0; j < C; ++j) ids[size_t(j)] = int32_t(model.id(j));
   int32_t* d_ids = up(ids);
-  void* d_bias = model.on ? model.bias.device() : nullptr;
+  void* d_bias = model.kind == Model::general ? model.bias.device() : nullptr;
   const int64_t ldgt = (R + 7) / 8 * 8;
   void *G = nullptr, *GT = nullptr;
   CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
@@ -481,13 +495,13 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   auto a = sweep_args<tlse_hop_gradient_args>(dtype, dA, dB, R, C, D, scale);
   a.row_terms = {d_lse, d_g, d_target, d_w};
   if (both) a.col_terms = {d_col_lse, d_col_g, d_col_target, d_col_g};
-  if (model.on) {
+  if (model.kind == Model::general) {
     a.cols.index = d_ids;
     a.logit.col_bias = d_bias;
     a.logit.softcap = float(GeneralModel::SOFTCAP);
-    a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = GeneralModel::DIAGONAL_OFFSET;
     a.logit.valid_cols = model.valid();
   }
+  if (model.on) a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = GeneralModel::DIAGONAL_OFFSET;
   a.filter_eps = float(filter_eps);
   a.col_begin = col_begin, a.col_end = col_end;
   a.G = G, a.ldg = ldg, a.tile_mask = mask;
@@ -497,7 +511,10 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   const std::string name = std::string(tf32 ? "tf32 " : "bf16 ") + "backward " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " panel [" + std::to_string(col_begin) + "," +
                            std::to_string(col_end) + ") eps " + std::to_string(filter_eps) +
-                           (both ? " both sides" : "") + (model.on ? " general model" : "");
+                           (both ? " both sides" : "") +
+                           (model.kind == Model::general    ? " general model"
+                            : model.kind == Model::diagonal ? " diagonal masked"
+                                                            : "");
   int rc = tlse_hop_gradient(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   if (rc != 0) {
@@ -881,6 +898,10 @@ int main() {
   check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0);  // logits of several thousand
   check_forward(TLSE_HOP_BF16, 300, 700, 200, 1.0, 0.3, 650);  // the general logit model
   check_forward(TLSE_HOP_TF32, 257, 1001, 72, 2.0, 1.0, 1000);
+  // The self-similarity form's mask: its tiles off the diagonal keep the simple model.
+  check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, false, 0);
+  check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, true, 300);
+  check_forward(TLSE_HOP_TF32, 700, 700, 72, 2.0, 1.0, INT64_MAX, false, -5);
   for (bool shifted : {false, true}) {
     check_kept_exponentials(300, 1001, 200, 1.0, shifted);
     check_kept_exponentials(129, 2050, 72, 30.0, shifted);
@@ -894,8 +915,10 @@ int main() {
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096);
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, true);
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096, true);
-    check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, false, true);
-    check_backward(dtype, 700, 1500, 136, 256, 1300, 1.0 / 4096, false, true);
+    check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, false, Model::general);
+    check_backward(dtype, 700, 1500, 136, 256, 1300, 1.0 / 4096, false, Model::general);
+    check_backward(dtype, 700, 1500, 136, 256, 1300, 0.0, false, Model::diagonal);
+    check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096, false, Model::diagonal);
   }
   check_product_stores(130, 136);  // from the registers
   check_product_stores(128, 136);  // staged
