@@ -216,7 +216,7 @@ class MaterializedContrastive {
       const Acc w = Acc(1) / Acc(b);
       Kokkos::parallel_reduce(
           "tlse::baseline::self_contrastive_loss", Kokkos::RangePolicy<Exec>(exec_, 0, b),
-          KOKKOS_LAMBDA(std::size_t i, Acc & s) { s += w * (row(i) - x(i, (i + b / 2) % b)); }, loss_);
+          KOKKOS_LAMBDA(std::size_t i, Acc & s) { s += w * (row(i) - x(i, self_positive(i, b))); }, loss_);
       return;
     }
     detail::row_lse(exec_, x_, row_lse_);
@@ -240,7 +240,7 @@ class MaterializedContrastive {
       const Acc w = Acc(1) / Acc(b);
       Kokkos::parallel_for(
           "tlse::baseline::self_contrastive_dlogits", all, KOKKOS_LAMBDA(std::size_t i, std::size_t j) {
-            x(i, j) = w * (impl::exp(x(i, j) - row(i)) - (j == (i + b / 2) % b ? Acc(1) : Acc(0)));
+            x(i, j) = w * (impl::exp(x(i, j) - row(i)) - (j == self_positive(i, b) ? Acc(1) : Acc(0)));
           });
       detail::gemm(exec_, "N", "N", scale_, x_, I_.view(), dI_.target(dI));
       detail::gemm(exec_, "T", "N", scale_, x_, I_.view(), dI_.target(dI), Acc(1));
@@ -260,6 +260,8 @@ class MaterializedContrastive {
   }
 
   double loss() const { return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss_)(); }
+  /// Row i's positive in the self-similarity form of b rows: the other view of its sample.
+  KOKKOS_INLINE_FUNCTION static std::size_t self_positive(std::size_t i, std::size_t b) { return (i + b / 2) % b; }
   /// Bytes allocated beyond the inputs and gradients: logits, LSEs, float copies.
   std::size_t extra_bytes() const { return alloc_.bytes(); }
   /// The part of extra_bytes() that is the b x b logit matrix.

@@ -391,15 +391,15 @@ struct GeneralModel {
   static constexpr int64_t MASKED_IDS = 45, DIAGONAL_OFFSET = 5;
   static constexpr double SOFTCAP = 20;
   Model kind;
-  bool on;  // any mask
   int64_t C;
   Operand bias;  // C x 1, by id
-  GeneralModel(Model k, int dtype, int64_t cols) : kind(k), on(k != Model::simple), C(cols), bias{dtype, cols, 1} {
+  GeneralModel(Model k, int dtype, int64_t cols) : kind(k), C(cols), bias{dtype, cols, 1} {
     if (kind == Model::general) bias.fill(1.0);
   }
   int64_t id(int64_t j) const { return kind == Model::general ? C - 1 - j : j; }
   int64_t valid() const { return kind == Model::general ? C - MASKED_IDS : C; }
-  bool masked(int64_t i, int64_t j) const { return on && (id(j) >= valid() || id(j) == i + DIAGONAL_OFFSET); }
+  bool on() const { return kind != Model::simple; }  // any mask
+  bool masked(int64_t i, int64_t j) const { return on() && (id(j) >= valid() || id(j) == i + DIAGONAL_OFFSET); }
   double logit(double dot, int64_t i, int64_t j) const {
     if (masked(i, j)) return -INFINITY;
     if (kind != Model::general) return dot;
@@ -410,7 +410,7 @@ struct GeneralModel {
   int32_t target(int64_t i) const {
     for (;;) {
       const int64_t c = int64_t(rng() % uint64_t(valid()));
-      if (!on || c != i + DIAGONAL_OFFSET) return int32_t(c);
+      if (!on() || c != i + DIAGONAL_OFFSET) return int32_t(c);
     }
   }
 };
@@ -501,7 +501,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     a.logit.softcap = float(GeneralModel::SOFTCAP);
     a.logit.valid_cols = model.valid();
   }
-  if (model.on) a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = GeneralModel::DIAGONAL_OFFSET;
+  if (model.on()) a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = GeneralModel::DIAGONAL_OFFSET;
   a.filter_eps = float(filter_eps);
   a.col_begin = col_begin, a.col_end = col_end;
   a.G = G, a.ldg = ldg, a.tile_mask = mask;
