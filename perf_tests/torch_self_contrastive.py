@@ -5,9 +5,12 @@ the two views of one sample), logits scale * Z Z^T with the diagonal set to -inf
 cross-entropy of each row against the other view, scale 1/0.07 (tlse's default). In fp32 with
 TF32 off (as baselines.py's contrastive case) or with bf16 features (the mixed-precision way: a
 bf16 product, its logits widened to fp32 for the softmax). Timed and measured with baselines.py's
-helpers: copy it next to this file first (perf_tests/baselines.py, gitignored).
+helpers: copy it next to this file first (perf_tests/baselines.py, gitignored). With `tiledlse`
+last, the same inputs, loss and timing through `tiledlse.self_contrastive_loss` instead (the
+package importable, e.g. laid out as python/tests/run_gpu_checks.sh does): the library from
+PyTorch, side by side with PyTorch's own.
 
-    python3 perf_tests/torch_self_contrastive.py [B C fp32|bf16]   # default 65536 512 bf16
+    python3 perf_tests/torch_self_contrastive.py [B C fp32|bf16 [torch|tiledlse]]   # default 65536 512 bf16 torch
 
 Prints one JSON line, like baselines.py.
 """
@@ -21,16 +24,25 @@ import torch.nn.functional as F  # noqa: E402
 from baselines import dev, peak_mib, timeit  # noqa: E402
 
 
-def nt_xent(B, C, dtype, scale=1 / 0.07):
+def nt_xent(B, C, dtype, method, scale=1 / 0.07):
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device=dev).manual_seed(2)
     z = F.normalize(torch.randn(B, C, device=dev, generator=g), dim=-1).to(dtype).requires_grad_(True)
     positive = (torch.arange(B, device=dev) + B // 2) % B
 
-    def loss_fn():
+    def materialized():
         logits = (scale * (z @ z.T)).float()
         logits.diagonal().fill_(float("-inf"))  # a sample is not its own negative
         return F.cross_entropy(logits, positive)
+
+    if method == "tiledlse":
+        import tiledlse
+        scale_t = torch.tensor(scale, device=dev)  # read on the host once per call, as a user's would be
+
+        def loss_fn():
+            return tiledlse.self_contrastive_loss(z, scale_t)
+    else:
+        loss_fn = materialized
 
     def fw():
         with torch.no_grad():
@@ -40,8 +52,8 @@ def nt_xent(B, C, dtype, scale=1 / 0.07):
         z.grad = None
         loss_fn().backward()
 
-    print(json.dumps(dict(kind="self_contrastive", method="torch_materialized", B=B, C=C,
-                          dtype="bf16" if dtype == torch.bfloat16 else "fp32", loss=loss_fn().item(),
+    print(json.dumps(dict(kind="self_contrastive", method="tiledlse" if method == "tiledlse" else "torch_materialized",
+                          B=B, C=C, dtype="bf16" if dtype == torch.bfloat16 else "fp32", loss=loss_fn().item(),
                           fw_ms=timeit(fw), fwbw_ms=timeit(fwbw, iters=5), fw_MiB=peak_mib(fw),
                           fwbw_MiB=peak_mib(fwbw))), flush=True)
 
@@ -49,6 +61,7 @@ def nt_xent(B, C, dtype, scale=1 / 0.07):
 if __name__ == "__main__":
     B, C = (int(a) for a in sys.argv[1:3]) if len(sys.argv) >= 3 else (65536, 512)
     name = sys.argv[3] if len(sys.argv) >= 4 else "bf16"
-    if B % 2 or name not in ("fp32", "bf16"):
-        sys.exit("usage: torch_self_contrastive.py [B (even) C fp32|bf16]")
-    nt_xent(B, C, torch.bfloat16 if name == "bf16" else torch.float32)
+    method = sys.argv[4] if len(sys.argv) >= 5 else "torch"
+    if B % 2 or name not in ("fp32", "bf16") or method not in ("torch", "tiledlse"):
+        sys.exit("usage: torch_self_contrastive.py [B (even) C fp32|bf16 [torch|tiledlse]]")
+    nt_xent(B, C, torch.bfloat16 if name == "bf16" else torch.float32, method)

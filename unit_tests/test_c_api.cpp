@@ -4,7 +4,8 @@
 // leaves every output as it was. CI also runs these under ASan and UBSan (scripts/sanitize.sh),
 // where some of the bugs were undefined behaviour only. Last, the training step in one call
 // (tlse_cross_entropy_with_gradients) against the forward and the backward, and its checks, and
-// the query of whether it runs fused (tlse_cross_entropy_step_fused).
+// the query of whether it runs fused (tlse_cross_entropy_step_fused); the self-similarity
+// contrastive calls against a float64 reference that materializes the logits, and their checks.
 #include <gtest/gtest.h>
 #include <tlse.h>
 
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -335,6 +337,159 @@ TEST(CApiTrainingStep, StepFusedQuery) {
   options.reduction = 7;
   expect_invalid(query(TLSE_BF16, 0, &fused), {"argument 'options.reduction' is 7"});
   EXPECT_EQ(fused, -1);
+}
+
+/// The self-similarity (NT-Xent) loss of Z (n x c, n even) in float64 with every logit formed:
+/// x_ij = scale Z_i . Z_j for j != i, loss = mean_i lse_i - x_{i,(i+n/2) mod n}. Its gradient with
+/// respect to x is G_ij = (p_ij - [j = positive of i]) / n; dZ = scale (G + G^T) Z and dscale =
+/// sum_ij G_ij Z_i . Z_j, both times dloss.
+struct SelfContrastiveReference {
+  double loss = 0, dscale = 0;
+  std::vector<double> lse, dZ;
+  SelfContrastiveReference(const std::vector<double>& Z, std::int64_t n, std::int64_t c, double scale, double dloss)
+      : lse(n), dZ(n * c, 0.0) {
+    std::vector<double> dot(n * n), G(n * n, 0.0);
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::int64_t k = 0; k < c; ++k) s += Z[i * c + k] * Z[j * c + k];
+        dot[i * n + j] = s;
+      }
+    for (std::int64_t i = 0; i < n; ++i) {
+      double top = -INFINITY, sum = 0;
+      for (std::int64_t j = 0; j < n; ++j)
+        if (j != i) top = std::max(top, scale * dot[i * n + j]);
+      for (std::int64_t j = 0; j < n; ++j)
+        if (j != i) sum += std::exp(scale * dot[i * n + j] - top);
+      lse[i] = top + std::log(sum);
+      const std::int64_t positive = (i + n / 2) % n;
+      loss += (lse[i] - scale * dot[i * n + positive]) / double(n);
+      for (std::int64_t j = 0; j < n; ++j)
+        if (j != i) G[i * n + j] = dloss * (std::exp(scale * dot[i * n + j] - lse[i]) - (j == positive)) / double(n);
+    }
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        dscale += G[i * n + j] * dot[i * n + j];
+        for (std::int64_t k = 0; k < c; ++k) dZ[i * c + k] += scale * (G[i * n + j] + G[j * n + i]) * Z[j * c + k];
+      }
+  }
+};
+
+/// |got - want| <= tolerance (1 + max |want|) entry by entry.
+template <class T>
+void expect_near_all(const char* name, const std::vector<T>& got, const std::vector<double>& want, double tolerance) {
+  double magnitude = 0;
+  for (double x : want) magnitude = std::max(magnitude, std::fabs(x));
+  ASSERT_EQ(got.size(), want.size()) << name;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE(std::fabs(double(got[i]) - want[i]), tolerance * (1 + magnitude)) << name << "[" << i << "]";
+}
+
+/// Forward then backward through the C API in float (T = float) or double, with a lent workspace
+/// and with `accumulate`, against the float64 reference on inputs drawn fresh per run. Tolerances:
+/// the kernels accumulate in T over c products and n exponentials, so 2^-40 (double) and 2^-17
+/// (float: about 64 roundings of 2^-24) of the largest reference magnitude.
+template <class T>
+void check_self_contrastive(std::int64_t n, std::int64_t c, double scale) {
+  const tlse_dtype dtype = sizeof(T) == 8 ? TLSE_F64 : TLSE_F32;
+  const double tolerance = sizeof(T) == 8 ? 0x1p-40 : 0x1p-17;
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> Z64(n * c);
+  for (double& z : Z64) z = T(normal(rng));  // exactly representable in T: both sides see the same input
+  const std::vector<T> Z(Z64.begin(), Z64.end());
+  const double dloss = 1.25;
+  const SelfContrastiveReference ref(Z64, n, c, scale, dloss);
+
+  tlse_contrastive_options options;
+  tlse_contrastive_options_default(&options);
+  options.scale = scale;
+  std::size_t bytes = 0;
+  ASSERT_EQ(tlse_self_contrastive_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, c, &options, &bytes),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  std::vector<char> arena(bytes + 64);
+  options.workspace = arena.data(), options.workspace_bytes = arena.size();
+  std::vector<T> loss(1, T(-1)), lse(n, T(-1)), dZ(n * c, T(-1)), dscale(1, T(-1)), one(1, T(dloss));
+  ASSERT_EQ(tlse_self_contrastive_forward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, c, Z.data(), loss.data(),
+                                          lse.data(), &options),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  ASSERT_EQ(tlse_self_contrastive_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, c, Z.data(), lse.data(),
+                                           one.data(), dZ.data(), dscale.data(), &options),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  expect_near_all("loss", loss, {ref.loss}, tolerance);
+  expect_near_all("lse", lse, ref.lse, tolerance);
+  expect_near_all("dZ", dZ, ref.dZ, tolerance);
+  expect_near_all("dscale", dscale, {ref.dscale}, tolerance);
+
+  // accumulate adds to what dZ and dscale hold; the internal workspace (NULL) gives the same.
+  options.accumulate = 1, options.workspace = nullptr, options.workspace_bytes = 0;
+  ASSERT_EQ(tlse_self_contrastive_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, c, Z.data(), lse.data(),
+                                           one.data(), dZ.data(), dscale.data(), &options),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  std::vector<double> twice_dZ(ref.dZ);
+  for (double& x : twice_dZ) x *= 2;
+  expect_near_all("accumulated dZ", dZ, twice_dZ, tolerance);
+  expect_near_all("accumulated dscale", dscale, {2 * ref.dscale}, tolerance);
+}
+
+TEST(CApiSelfContrastive, MatchesAFloat64Reference) {
+  for (double scale : {0.5, 3.0}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    check_self_contrastive<double>(38, 5, scale);  // 38 rows: not a multiple of the host's 32-wide tiles
+    check_self_contrastive<float>(70, 19, scale);
+  }
+  check_self_contrastive<double>(2, 3, 1.0);  // one sample: each row's only other row is its positive
+}
+
+TEST(CApiSelfContrastive, BadInputFailsBeforeAnyWrite) {
+  constexpr std::int64_t n = 6, c = 4;
+  std::vector<double> Z(n * c, 0.5), loss(1, -1.0), lse(n, -1.0), dloss(1, 1.0), dZ(n * c, -1.0), dscale(1, -1.0);
+  tlse_contrastive_options options;
+  tlse_contrastive_options_default(&options);
+  const auto forward = [&](std::int64_t rows, const void* z, void* loss_at, void* lse_at) {
+    return tlse_self_contrastive_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, rows, c, z, loss_at, lse_at,
+                                         &options);
+  };
+  const auto backward = [&](std::int64_t rows, const void* lse_at, void* dZ_at) {
+    return tlse_self_contrastive_backward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, rows, c, Z.data(), lse_at,
+                                          dloss.data(), dZ_at, dscale.data(), &options);
+  };
+  expect_invalid(forward(5, Z.data(), loss.data(), lse.data()),
+                 {"tlse_self_contrastive_forward: argument 'n' is 5;", "n must be even"});
+  expect_invalid(backward(-2, lse.data(), dZ.data()), {"tlse_self_contrastive_backward: argument 'n' must be >= 0"});
+  expect_invalid(forward(n, Z.data(), nullptr, lse.data()), {"argument 'loss' is NULL"});
+  expect_invalid(forward(n, nullptr, loss.data(), lse.data()), {"argument 'Z' is NULL"});
+  expect_invalid(backward(n, nullptr, dZ.data()), {"argument 'lse' is NULL"});
+  expect_invalid(backward(n, lse.data(), Z.data()), {"argument 'dZ' overlaps argument 'Z'"});
+  options.direction = TLSE_DIRECTION_IMAGE_TO_TEXT;
+  expect_invalid(forward(n, Z.data(), loss.data(), lse.data()),
+                 {"argument 'options.direction' is 1;", "leave it TLSE_DIRECTION_SYMMETRIC"});
+  options.direction = TLSE_DIRECTION_SYMMETRIC, options.scale = -1;
+  expect_invalid(forward(n, Z.data(), loss.data(), lse.data()), {"tlse::self_contrastive_loss: argument 'scale'"});
+  options.scale = 1, options.detect_non_finite = 1;
+  Z[7] = std::nan("");
+  expect_invalid(backward(n, lse.data(), dZ.data()), {"argument 'Z' contains NaN or Inf"});
+  Z[7] = 0.5, options.detect_non_finite = 0;
+  std::size_t need = 0;
+  ASSERT_EQ(
+      tlse_self_contrastive_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, c, &options, &need),
+      TLSE_SUCCESS);
+  expect_invalid(
+      tlse_self_contrastive_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, 3, c, &options, &need),
+      {"argument 'n' is 3"});
+  std::vector<char> arena(need);
+  options.workspace = arena.data(), options.workspace_bytes = need - 1;
+  expect_invalid(forward(n, Z.data(), loss.data(), lse.data()), {"argument 'workspace' holds"});
+  for (const auto* out : {&loss, &lse, &dZ, &dscale})
+    for (double x : *out) EXPECT_EQ(x, -1.0);
+  options.workspace_bytes = need;
+  EXPECT_EQ(forward(n, Z.data(), loss.data(), lse.data()), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_EQ(backward(n, lse.data(), dZ.data()), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_NE(dZ[0], -1.0);
 }
 
 }  // namespace

@@ -667,6 +667,77 @@ void fuzz_contrastive(Input& in, bool backward_alone) {
   back.expect("dscale", dscale, x.dscale);
 }
 
+/// The self-similarity form: forward then backward on Z (n x c), against the paired oracle with
+/// I = T = Z, the row direction, positives (i + n/2) mod n and the diagonal left out (dZ = dI + dT).
+void fuzz_self_contrastive(Input& in) {
+  Call call(in, "tlse_self_contrastive_forward");
+  const Target t = target(in, call);
+  const std::int64_t n = in.size(48), c = in.size(16);
+  sizes(call, {{"n", n}, {"c", c}});
+  if (n >= 0 && n <= max_size && n % 2) call.invalid_size("odd n");
+  const bool use_options = !in.one_in(8);  // else NULL: the defaults
+  tlse_contrastive_options o;
+  if (use_options)
+    o = contrastive_options(in, call, t.dtype);
+  else
+    tlse_contrastive_options_default(&o);
+  if (o.direction != TLSE_DIRECTION_SYMMETRIC) call.invalid("direction not symmetric");
+  const Kind T = storage_kind(t.dtype), A = acc_kind(t.dtype);
+  const bool special = in.one_in(4);
+  const std::int64_t nc = elements(n, c);
+  Buffer* Z = call.array("Z", T, nc, false, true, special);
+  if (o.detect_non_finite && !all_finite(Z, nc)) call.invalid("non-finite input");
+  Buffer* loss = call.array("loss", A, 1, true, true);
+  Buffer* lse = call.array("lse", A, n, true, false);
+  const auto workspace_need = [&] {
+    std::size_t need = 0;
+    tlse_contrastive_options q = o;
+    q.workspace = nullptr, q.workspace_bytes = 0;
+    return tlse_self_contrastive_workspace_bytes(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, c,
+                                                 &q, &need) == TLSE_SUCCESS
+               ? need
+               : 0;
+  };
+  if (use_options) o.workspace = call.workspace(call.is_invalid() ? 0 : workspace_need(), o.workspace_bytes);
+  if (call.skip()) return;
+  call.before();
+  const tlse_status s =
+      tlse_self_contrastive_forward(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, c,
+                                    call.pointer(0), call.pointer(1), call.pointer(2), use_options ? &o : nullptr);
+  call.after(s);
+  if (s != TLSE_SUCCESS || special) return;
+
+  const Mat Zm = matrix(Z, n, c);
+  std::vector<std::int64_t> positives;
+  for (std::int64_t i = 0; i < n; ++i) positives.push_back((i + n / 2) % n);
+  Call back(in, "tlse_self_contrastive_backward");
+  back.note(call.log());
+  Buffer* dloss = back.array("dloss", A, 1, false, true);
+  Buffer* dZ = back.array("dZ", T, nc, true, false);
+  Buffer* dscale = back.array("dscale", A, 1, true, false);
+  const bool accumulate = o.accumulate != 0;
+  const auto x = contrastive_expected(Zm, Zm, positives, o.scale, TLSE_DIRECTION_IMAGE_TO_TEXT,
+                                      dloss ? dloss->get(0) : 0.0, accumulate ? matrix(dZ, n, c) : Mat(), Mat(),
+                                      accumulate && dscale ? dscale->get(0) : 0.0, rounding(t.dtype), true);
+  call.expect("loss", loss, x.loss);
+  call.expect("lse", lse, x.row_lse);
+  if (n > 0 && !lse) return;  // the backward needs it
+  if (use_options) o.workspace = back.workspace(workspace_need(), o.workspace_bytes);
+  call.before();
+  back.before();
+  const tlse_status sb = tlse_self_contrastive_backward(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype),
+                                                        n, c, call.pointer(0), call.pointer(2), back.pointer(0),
+                                                        back.pointer(1), back.pointer(2), use_options ? &o : nullptr);
+  back.after(sb);
+  call.read_only_since_before("the backward");
+  if (sb != TLSE_SUCCESS) return;
+  Expected dZ_expected = x.dI;  // dZ = dI + dT, with dT's bound added
+  for (std::size_t k = 0; k < dZ_expected.value.size(); ++k)
+    dZ_expected.value[k] += x.dT.value[k], dZ_expected.tolerance[k] += x.dT.tolerance[k];
+  back.expect("dZ", dZ, dZ_expected);
+  back.expect("dscale", dscale, x.dscale);
+}
+
 // ---- Distributed calls, over a world whose every rank holds this rank's data -----------------
 
 /// A communicator of `size` ranks that all hold the same data: a ring step receives what it
@@ -885,6 +956,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 5:
       fuzz::fuzz_contrastive(in, false);
+      // Then, from the bytes left, the self-similarity form (added later: inputs found before it
+      // still make the same calls up to here).
+      fuzz::fuzz_self_contrastive(in);
       break;
     case 6:
       fuzz::fuzz_contrastive(in, true);

@@ -162,9 +162,11 @@ struct CompensatedSum {
 
 /// CLIP loss (tlse.h): x_ij = scale I_i . T_j, positives pos(i) = labels[i] (or i), direction
 /// 0 symmetric, 1 image-to-text, 2 text-to-image; `init_*` as for the cross-entropy.
+/// `exclude_diagonal`: x_ii left out (the self-similarity form, I = T = Z, whose dZ is dI + dT).
 inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, const std::vector<std::int64_t>& labels,
                                                 double scale, int direction, double dloss, const Mat& init_dI,
-                                                const Mat& init_dT, double init_dscale, Rounding r) {
+                                                const Mat& init_dT, double init_dscale, Rounding r,
+                                                bool exclude_diagonal = false) {
   const std::int64_t b = I.rows, c = I.cols;
   ContrastiveExpected x{Expected(1),
                         Expected(std::size_t(b)),
@@ -179,7 +181,10 @@ inline ContrastiveExpected contrastive_expected(const Mat& I, const Mat& T, cons
   for (std::int64_t i = 0; i < b; ++i)
     for (std::int64_t j = 0; j < b; ++j) {
       D(i, j) = dot(I, i, T, j), X(i, j) = scale * D(i, j);
-      max_abs_logit = std::max(max_abs_logit, std::fabs(X(i, j)));
+      if (exclude_diagonal && i == j)
+        X(i, j) = -INFINITY;  // weighs nothing: p = q = 0 there
+      else
+        max_abs_logit = std::max(max_abs_logit, std::fabs(X(i, j)));
     }
   const double delta = 8 * r.u * max_abs_logit;
   std::vector<double> row(static_cast<std::size_t>(b)), col(static_cast<std::size_t>(b));

@@ -209,6 +209,28 @@ TLSE_API tlse_status tlse_contrastive_backward(tlse_context* context, tlse_devic
                                                const void* dloss, void* dI, void* dT, void* dscale,
                                                const tlse_contrastive_options* options);
 
+/* ---- Self-similarity contrastive loss (SimCLR's NT-Xent): x_ij = scale * Z_i . Z_j, j != i ---- */
+
+/* Z: n x c (dtype), n even: rows i and i + n/2 are two views of one sample, each the other's
+ * positive; a row's logit with itself is left out. loss (1, acc type) = mean over the n rows of
+ * lse_i - x_{i,(i + n/2) mod n}; lse: n (acc type) or NULL (the backward needs it). The options
+ * are the contrastive ones; `direction` must stay TLSE_DIRECTION_SYMMETRIC (every row is an
+ * anchor already). */
+TLSE_API tlse_status tlse_self_contrastive_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                                           tlse_dtype dtype, int64_t n, int64_t c,
+                                                           const tlse_contrastive_options* options, size_t* bytes);
+
+TLSE_API tlse_status tlse_self_contrastive_forward(tlse_context* context, tlse_device device, void* stream,
+                                                   tlse_dtype dtype, int64_t n, int64_t c, const void* Z, void* loss,
+                                                   void* lse, const tlse_contrastive_options* options);
+
+/* lse: the forward's; dloss: 1 (acc type). Writes dZ (n x c, dtype) and dscale (1, acc type:
+ * dL/dscale); either may be NULL. */
+TLSE_API tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_device device, void* stream,
+                                                    tlse_dtype dtype, int64_t n, int64_t c, const void* Z,
+                                                    const void* lse, const void* dloss, void* dZ, void* dscale,
+                                                    const tlse_contrastive_options* options);
+
 /* ---- Distributed calls: the caller's communicator, as callbacks --------------------------- */
 
 /* Element types and reductions of tlse_communicator.allreduce. */

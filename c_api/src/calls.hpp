@@ -120,6 +120,35 @@ void contrastive_backward(const Launch& l, const ContrastiveArgs& a) {
 }
 
 template <class T>
+std::size_t self_contrastive_workspace(const Launch& l, const SelfContrastiveArgs& a) {
+  std::size_t bytes = 0;
+  on_exec(l, [&](const auto& exec) {
+    using Exec = std::decay_t<decltype(exec)>;
+    bytes = tlse::self_contrastive_loss_workspace_bytes(exec, Matrix<const T, Exec>(nullptr, a.n, a.c), a.options);
+  });
+  return bytes;
+}
+
+template <class T>
+void self_contrastive_forward(const Launch& l, const SelfContrastiveArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::self_contrastive_loss(exec, mat<const T>(exec, a.Z, a.n, a.c), vec<Acc>(exec, a.loss, 1),
+                                vec<Acc>(exec, a.lse_out, a.n), a.options);
+  });
+}
+
+template <class T>
+void self_contrastive_backward(const Launch& l, const SelfContrastiveArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::self_contrastive_loss_backward(exec, mat<const T>(exec, a.Z, a.n, a.c), vec<const Acc>(exec, a.lse, a.n),
+                                         vec<const Acc>(exec, a.dloss, 1), mat<T>(exec, a.dZ, a.n, a.c),
+                                         vec<Acc>(exec, a.dscale, 1), a.options);
+  });
+}
+
+template <class T>
 void cross_entropy_forward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
   on_exec(l, [&](const auto& exec) {
@@ -179,9 +208,12 @@ void contrastive_backward_distributed(const Launch& l, const Callbacks& cb, cons
   template void cross_entropy_with_gradients<T>(const Launch&, const CrossEntropyArgs&);                \
   template void cross_entropy_forward_distributed<T>(const Launch&, const Callbacks&, const CrossEntropyArgs&); \
   template void cross_entropy_backward_distributed<T>(const Launch&, const Callbacks&, const CrossEntropyArgs&)
-#define TLSE_CAPI_CONTRASTIVE(T)                                                                            \
-  template std::size_t contrastive_workspace<T>(const Launch&, const ContrastiveArgs&);        \
-  template void contrastive_forward<T>(const Launch&, const ContrastiveArgs&);                 \
-  template void contrastive_backward<T>(const Launch&, const ContrastiveArgs&);                      \
+#define TLSE_CAPI_CONTRASTIVE(T)                                                                             \
+  template std::size_t contrastive_workspace<T>(const Launch&, const ContrastiveArgs&);                      \
+  template void contrastive_forward<T>(const Launch&, const ContrastiveArgs&);                               \
+  template void contrastive_backward<T>(const Launch&, const ContrastiveArgs&);                              \
+  template std::size_t self_contrastive_workspace<T>(const Launch&, const SelfContrastiveArgs&);             \
+  template void self_contrastive_forward<T>(const Launch&, const SelfContrastiveArgs&);                      \
+  template void self_contrastive_backward<T>(const Launch&, const SelfContrastiveArgs&);                     \
   template void contrastive_forward_distributed<T>(const Launch&, const Callbacks&, const ContrastiveArgs&); \
   template void contrastive_backward_distributed<T>(const Launch&, const Callbacks&, const ContrastiveArgs&)

@@ -67,6 +67,16 @@ struct ContrastiveArgs {
   ContrastiveOptions options;
 };
 
+/// The arguments of a self-similarity contrastive call: Z (n x c) against itself.
+struct SelfContrastiveArgs {
+  std::int64_t n = 0, c = 0;
+  const void *Z = nullptr;
+  void *loss = nullptr, *lse_out = nullptr;     // forward outputs
+  const void *lse = nullptr, *dloss = nullptr;  // backward inputs
+  void *dZ = nullptr, *dscale = nullptr;        // backward outputs
+  ContrastiveOptions options;
+};
+
 template <class T>
 std::size_t cross_entropy_workspace(const Launch&, const CrossEntropyArgs&);
 template <class T>
@@ -84,6 +94,12 @@ template <class T>
 void contrastive_forward(const Launch&, const ContrastiveArgs&);
 template <class T>
 void contrastive_backward(const Launch&, const ContrastiveArgs&);
+template <class T>
+std::size_t self_contrastive_workspace(const Launch &, const SelfContrastiveArgs &);
+template <class T>
+void self_contrastive_forward(const Launch &, const SelfContrastiveArgs &);
+template <class T>
+void self_contrastive_backward(const Launch &, const SelfContrastiveArgs &);
 
 // The distributed calls take the same arguments (vocab_order and the workspace unused) and the
 // caller's communicator.

@@ -407,6 +407,24 @@ void contrastive_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::Contra
   a.I = I, a.T = T, a.labels = labels;
 }
 
+/// The sizes and options every self-similarity contrastive entry point takes, checked.
+tlse::capi::SelfContrastiveArgs self_contrastive_args(const char* fn, int64_t n, int64_t c,
+                                                      const tlse_contrastive_options* options) {
+  check_size(fn, "n", n), check_size(fn, "c", c);
+  if (n % 2 != 0)
+    invalid(fn, "n",
+            "is " + std::to_string(n) + "; Z holds two views of each sample (rows i and i + n/2): n must be even");
+  if (options && options->direction != TLSE_DIRECTION_SYMMETRIC)
+    invalid(fn, "options.direction",
+            "is " + std::to_string(options->direction) +
+                "; the self-similarity form has one direction (every row against all the others): leave it "
+                "TLSE_DIRECTION_SYMMETRIC");
+  tlse::capi::SelfContrastiveArgs a;
+  a.n = n, a.c = c;
+  a.options = convert(fn, options);
+  return a;
+}
+
 /// The caller's communicator as the C++ layer's callbacks (the same fields), checked.
 tlse::distributed::Callbacks callbacks_of(const char* fn, const tlse_communicator* comm) {
   if (!comm) invalid(fn, "comm", "is NULL");
@@ -544,6 +562,43 @@ tlse::capi::ContrastiveArgs contrastive_backward_args(const char* fn, const tlse
   arrays.disjoint();
   a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
   a.dI = dI, a.dT = dT, a.dscale = dscale;
+  return a;
+}
+
+/// The checked arguments of a self-similarity contrastive forward.
+tlse::capi::SelfContrastiveArgs self_contrastive_forward_args(const char* fn, const tlse_context* context,
+                                                              tlse_device device, tlse_dtype dtype, int64_t n,
+                                                              int64_t c, const void* Z, void* loss, void* lse,
+                                                              const tlse_contrastive_options* options) {
+  auto a = self_contrastive_args(fn, n, c, options);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  arrays.input("Z", Z, n * c, e.value, true);
+  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
+  arrays.output("loss", loss, 1, e.acc, true);
+  arrays.output("lse", lse, n, e.acc);
+  arrays.disjoint();
+  a.Z = Z, a.loss = loss, a.lse_out = lse;
+  return a;
+}
+
+/// The checked arguments of a self-similarity contrastive backward.
+tlse::capi::SelfContrastiveArgs self_contrastive_backward_args(const char* fn, const tlse_context* context,
+                                                               tlse_device device, tlse_dtype dtype, int64_t n,
+                                                               int64_t c, const void* Z, const void* lse,
+                                                               const void* dloss, void* dZ, void* dscale,
+                                                               const tlse_contrastive_options* options) {
+  auto a = self_contrastive_args(fn, n, c, options);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  arrays.input("Z", Z, n * c, e.value, true);
+  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
+  arrays.input("lse", lse, n, e.acc, true);
+  arrays.input("dloss", dloss, 1, e.acc, true);
+  arrays.output("dZ", dZ, n * c, e.value);
+  arrays.output("dscale", dscale, 1, e.acc);
+  arrays.disjoint();
+  a.Z = Z, a.lse = lse, a.dloss = dloss, a.dZ = dZ, a.dscale = dscale;
   return a;
 }
 
@@ -744,6 +799,43 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
                                              dscale, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_self_contrastive_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                                  tlse_dtype dtype, int64_t n, int64_t c,
+                                                  const tlse_contrastive_options* options, size_t* bytes) {
+  static const char* fn = "tlse_self_contrastive_workspace_bytes";
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    if (!bytes) invalid(fn, "bytes", "is NULL");
+    const auto a = self_contrastive_args(fn, n, c, options);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::self_contrastive_workspace<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_self_contrastive_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                          int64_t n, int64_t c, const void* Z, void* loss, void* lse,
+                                          const tlse_contrastive_options* options) {
+  static const char* fn = "tlse_self_contrastive_forward";
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    const auto a = self_contrastive_forward_args(fn, context, device, dtype, n, c, Z, loss, lse, options);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::self_contrastive_forward<decltype(tag)>(launch, a); });
+  });
+}
+
+tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                           int64_t n, int64_t c, const void* Z, const void* lse, const void* dloss,
+                                           void* dZ, void* dscale, const tlse_contrastive_options* options) {
+  static const char* fn = "tlse_self_contrastive_backward";
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    const auto a = self_contrastive_backward_args(fn, context, device, dtype, n, c, Z, lse, dloss, dZ, dscale, options);
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::self_contrastive_backward<decltype(tag)>(launch, a); });
   });
 }
 

@@ -1,7 +1,7 @@
 """torch.library custom ops and torch.compile (torch >= 2.4; skipped on older torch, e.g. Debian's
-1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the five ops
+1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the seven ops
 (schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes), a small
-model using both losses compiled with fullgraph=True (no graph break), whose loss and gradients
+model using the three losses compiled with fullgraph=True (no graph break), whose loss and gradients
 match the eager model's, and the cross-entropy's step in one call (fused_step) compiled against
 the eager forward and backward. On CPU, and on CUDA where the library and torch have it.
 """
@@ -83,8 +83,19 @@ def test_opcheck_contrastive(device, symmetric, with_labels):
                            torch.ones_like(loss).detach(), symmetric, budget, True, True, True))
 
 
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_self_contrastive(device):
+    z, scale, budget = randn(14, 6, device=device), torch.tensor(2.5, device=device, requires_grad=True), 0
+    torch.library.opcheck(torch.ops.tiledlse.self_contrastive_forward.default, (z, scale, budget))
+    loss, lse = torch.ops.tiledlse.self_contrastive_forward(z, scale, budget)
+    torch.library.opcheck(torch.ops.tiledlse.self_contrastive_backward.default,
+                          (z.detach(), scale.detach(), lse.detach(), torch.ones_like(loss).detach(), budget, True,
+                           True))
+
+
 class TinyModel(torch.nn.Module):
-    """A language model head and a CLIP head on one trunk: both losses in one graph."""
+    """A language model head and a CLIP head on one trunk: the three losses in one graph."""
 
     def __init__(self, vocab=97, dim=24, features=10):
         super().__init__()
@@ -100,7 +111,10 @@ class TinyModel(torch.nn.Module):
         lm = tiledlse.linear_cross_entropy(hidden, self.lm_head.weight, tokens, shift=1, softcap=20.0)
         image = F.normalize(self.image(images), dim=-1)
         text = F.normalize(self.text(texts), dim=-1)
-        return lm + tiledlse.contrastive_loss(image, text, self.logit_scale.exp())
+        scale = self.logit_scale.exp()
+        # The two projections as two views of each sample: the SimCLR form over their rows too.
+        simclr = tiledlse.self_contrastive_loss(torch.cat([image, text]), scale)
+        return lm + tiledlse.contrastive_loss(image, text, scale) + simclr
 
 
 @needs_custom_ops

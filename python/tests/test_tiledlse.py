@@ -178,6 +178,72 @@ def test_contrastive_matches_torch(device, dtype, symmetric, with_labels):
     close(grads[2], ref_grads[2], max(10 * LOSS_RTOL[dtype], 2.0 ** -22), "dscale")
 
 
+def reference_self_contrastive(z, scale):
+    """NT-Xent in float64 with the logits formed: row i's positive is row (i + n/2) mod n, and its
+    logit with itself is left out."""
+    n = z.shape[0]
+    logits = scale * z.double() @ z.double().T
+    logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=z.device), float("-inf"))
+    return F.cross_entropy(logits, (torch.arange(n, device=z.device) + n // 2) % n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, c, scale, unit", [(46, 23, 2.5, False), (2, 5, 1.0, False), (70, 19, 1.0e4, True)],
+                         ids=["46x23", "one-sample", "logits-1e4"])
+def test_self_contrastive_matches_torch(device, dtype, n, c, scale, unit):
+    # Inputs drawn fresh per run (the seed is in the message); "logits-1e4": unit rows at scale 1e4,
+    # the SimCLR form at an extreme temperature, where each row's own logit (1e4, left out) would
+    # otherwise swamp the others.
+    seed = torch.seed() % 2**31
+    z = rand(n, c, dtype=torch.float64, device="cpu", scale=1.0, seed=seed)
+    if unit:
+        z = z / z.norm(dim=1, keepdim=True)
+    z = z.to(dtype).to(device).requires_grad_()
+    scale_t = torch.tensor(scale, dtype=torch.float32, device=device, requires_grad=True)
+    loss = tiledlse.self_contrastive_loss(z, scale_t)
+    grads = torch.autograd.grad(loss * 1.3, (z, scale_t))
+
+    rz, rs = z.detach().double().requires_grad_(), scale_t.detach().double().requires_grad_()
+    ref = reference_self_contrastive(rz, rs)
+    ref_grads = torch.autograd.grad(ref * 1.3, (rz, rs))
+
+    what = "seed %d: " % seed
+    assert loss.dim() == 0 and loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    close(loss, ref, LOSS_RTOL[dtype], what + "loss")
+    # A logit of magnitude up to `scale` (unit rows) is rounded at the accumulator's unit roundoff,
+    # and the softmax moves by that much: at scale 1e4 float32 adds 1e4 * 2^-24 = 6e-4 (measured
+    # up to 6.1e-5 over 20 draws; bf16 3.5e-3, fp16 4.9e-4 within their storage's bound).
+    logit_rounding = abs(scale) * (2.0 ** -53 if dtype == torch.float64 else 2.0 ** -24) if unit else 0.0
+    close(grads[0], ref_grads[0], GRAD_RTOL[dtype] + logit_rounding, what + "dZ")
+    close(grads[1], ref_grads[1], max(10 * LOSS_RTOL[dtype], 2.0 ** -22), what + "dscale")
+
+
+def test_gradcheck_self_contrastive():
+    z = rand(6, 3, dtype=torch.float64, device="cpu", scale=1.0).requires_grad_()
+    scale = torch.tensor(1.7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(tiledlse.self_contrastive_loss, (z, scale))
+
+
+@pytest.mark.parametrize(
+    "change, error, pattern",
+    [
+        (lambda z, s: (z[:-1], s, {}), ValueError, "'z' has 7 rows; .* the row count must be even"),
+        (lambda z, s: (z.reshape(2, 4, 8), s, {}), ValueError, "'z' must have 2 dimensions"),
+        (lambda z, s: (z.int(), s, {}), TypeError, "'z' has dtype torch.int32"),
+        (lambda z, s: (z.t(), s, {}), ValueError, "'z' must be contiguous"),
+        (lambda z, s: (z, -1.0, {}), ValueError, "'scale' must be finite and >= 0"),
+        (lambda z, s: (z, torch.ones(2), {}), ValueError, "'scale' must be a floating-point tensor of one"),
+        (lambda z, s: (z, "2", {}), TypeError, "'scale'"),
+        (lambda z, s: (z, s, {"memory_budget": 0}), ValueError, "'memory_budget'"),
+    ],
+)
+def test_self_contrastive_bad_input(change, error, pattern):
+    z, s, kwargs = change(rand(8, 8, dtype=torch.float32, device="cpu"), torch.tensor(2.0))
+    with pytest.raises(error, match=pattern):
+        tiledlse.self_contrastive_loss(z, s, **kwargs)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_memory_budget_keeps_the_results(device):
     # The budget picks an algorithm (on Hopper GPUs); any budget gives the same loss and gradients.

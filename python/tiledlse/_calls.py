@@ -195,6 +195,39 @@ def _contrastive_options(scale, symmetric, memory_budget):
     return options
 
 
+def self_contrastive_forward(z, scale, memory_budget=0):
+    """(loss, LSE per row) of the self-similarity logits scale * z @ z.T without the diagonal;
+    z holds two views of each sample, rows i and i + n/2."""
+    ctx, device, stream = launch("z", z)
+    n, c = z.shape
+    dtype = DTYPES[z.dtype]
+    options = _contrastive_options(scale, True, memory_budget)
+    loss = torch.empty((), dtype=acc_dtype(z.dtype), device=z.device)
+    lse = torch.empty((n,), dtype=loss.dtype, device=z.device)
+    workspace = _lend_workspace(options, z.device, "tlse_self_contrastive_workspace_bytes", ctx, device, stream, dtype,
+                                n, c)  # must live through the call below
+    L.call("tlse_self_contrastive_forward", ctx, device, stream, dtype, n, c, _ptr(z), _ptr(loss), _ptr(lse),
+           ctypes.byref(options))
+    return loss, lse
+
+
+def self_contrastive_backward(z, scale, lse, dloss, needs, memory_budget=0):
+    """(dZ, dscale) for the upstream gradient dloss; `needs` says which to compute (the other is
+    None). dscale is a 0-d tensor of the accumulator type on z's device."""
+    ctx, device, stream = launch("z", z)
+    n, c = z.shape
+    dtype = DTYPES[z.dtype]
+    options = _contrastive_options(scale, True, memory_budget)
+    dloss = dloss.to(lse.dtype).contiguous()
+    dz = torch.empty_like(z) if needs[0] else None
+    dscale = torch.empty((), dtype=lse.dtype, device=z.device) if needs[1] else None
+    workspace = _lend_workspace(options, z.device, "tlse_self_contrastive_workspace_bytes", ctx, device, stream, dtype,
+                                n, c)  # must live through the call below
+    L.call("tlse_self_contrastive_backward", ctx, device, stream, dtype, n, c, _ptr(z), _ptr(lse), _ptr(dloss),
+           _ptr(dz), _ptr(dscale), ctypes.byref(options))
+    return dz, dscale
+
+
 def contrastive_forward(image, text, scale, labels, symmetric, comm=None, memory_budget=0):
     """(loss, row LSE, column LSE) of the logits scale * image @ text.T; the column LSE is empty
     when not symmetric. With `comm`, image and text are this rank's rows of the global batch.

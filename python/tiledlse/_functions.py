@@ -258,6 +258,49 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True, memory_bud
     return _ContrastiveLoss.apply(image, text, scale, labels, symmetric, None, budget)
 
 
+class _SelfContrastiveLoss(torch.autograd.Function):
+    """The self-similarity form on one device (older torch; see CUSTOM_OPS)."""
+
+    @staticmethod
+    def forward(ctx, z, scale, memory_budget=0):
+        loss, lse = _calls.self_contrastive_forward(z, scale, memory_budget)
+        ctx.save_for_backward(z, scale, lse)
+        ctx.memory_budget = memory_budget
+        return loss
+
+    @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
+    def backward(ctx, grad_loss):
+        z, scale, lse = ctx.saved_tensors
+        dz, dscale = _calls.self_contrastive_backward(z, scale, lse, grad_loss, ctx.needs_input_grad[:2],
+                                                      ctx.memory_budget)
+        if dscale is not None:
+            dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape)
+        return dz, dscale, None
+
+
+def self_contrastive_loss(z, scale, memory_budget=None):
+    """Self-similarity contrastive loss (SimCLR's NT-Xent) of logits ``scale * z @ z.T`` without
+    forming them.
+
+    z: (n, c) features, n even: rows i and i + n/2 are two views of one sample (e.g.
+    ``torch.cat([view_a, view_b])``), each the other's positive; a row's logit with itself is left
+    out. The loss is the mean over the n rows of ``logsumexp_{j != i} x_ij - x_{i, (i + n/2) % n}``.
+    scale: the logit scale (1 / temperature), as in contrastive_loss. memory_budget: bytes of
+    workspace a call may use (None: the library's default, 256 MiB). Returns a 0-d loss (float32,
+    float64 for float64 inputs).
+    """
+    _check_tensor("z", z, ndim=2)
+    if z.shape[0] % 2:
+        raise ValueError("argument 'z' has %d rows; it holds two views of each sample (rows i and i + n/2), so the "
+                         "row count must be even" % z.shape[0])
+    scale = _scale_argument(scale)
+    budget = _memory_budget(memory_budget)
+    if CUSTOM_OPS:
+        return torch.ops.tiledlse.self_contrastive_forward(z, scale, budget)[0]
+    return _SelfContrastiveLoss.apply(z, scale, budget)
+
+
 def _contrastive_arguments(image, text, scale, labels):
     """Checks contrastive_loss's arguments but the scale's value (read where the call runs: see
     _calls.scale_value); returns the scale as a tensor."""
@@ -273,6 +316,11 @@ def _contrastive_arguments(image, text, scale, labels):
         if labels.shape[0] != image.shape[0]:
             raise ValueError("argument 'labels' has %d entries but the batch has %d"
                              % (labels.shape[0], image.shape[0]))
+    return _scale_argument(scale)
+
+
+def _scale_argument(scale):
+    """The logit scale as a tensor (a float becomes a float64 one), checked but for its value."""
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.is_floating_point():
             raise ValueError("argument 'scale' must be a floating-point tensor of one element, got dtype %s shape %s"

@@ -161,6 +161,19 @@ _signatures = {
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p,
          ctypes.POINTER(ContrastiveOptions)],
     ),
+    "tlse_self_contrastive_workspace_bytes": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, ctypes.POINTER(ContrastiveOptions),
+         ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "tlse_self_contrastive_forward": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, ctypes.POINTER(ContrastiveOptions)],
+    ),
+    "tlse_self_contrastive_backward": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, ctypes.POINTER(ContrastiveOptions)],
+    ),
     "tlse_cross_entropy_forward_distributed": (
         _status,
         [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p,

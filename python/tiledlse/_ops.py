@@ -1,9 +1,10 @@
 """The losses as torch.library custom ops (torch >= 2.4), so that torch.compile traces them into
 its graph (fullgraph=True works) instead of breaking the graph at a ctypes call.
 
-Five ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
+Seven ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
 tiledlse::cross_entropy_backward, tiledlse::cross_entropy_with_gradients (the training step in
-one call), tiledlse::contrastive_forward and tiledlse::contrastive_backward. Each has a fake
+one call), tiledlse::contrastive_forward and tiledlse::contrastive_backward,
+tiledlse::self_contrastive_forward and tiledlse::self_contrastive_backward. Each has a fake
 implementation (output shapes and dtypes only, for FakeTensor tracing and dynamic shapes), and
 each forward op has its autograd formula, which calls the backward op (the step's scales the
 gradients it kept): the backward is traced too. The backward ops have no formula of their own,
@@ -181,3 +182,46 @@ def _contrastive_gradient(ctx, grad_loss, _grad_row_lse, _grad_col_lse):
 
 
 contrastive_forward.register_autograd(_contrastive_gradient, setup_context=_contrastive_setup)
+
+
+@torch.library.custom_op("tiledlse::self_contrastive_forward", mutates_args=())
+def self_contrastive_forward(z: Tensor, scale: Tensor, memory_budget: int) -> Tuple[Tensor, Tensor]:
+    """(loss, LSE per row) of the self-similarity form; the scale's value is read here."""
+    return _calls.self_contrastive_forward(z, scale, memory_budget)
+
+
+@self_contrastive_forward.register_fake
+def _(z, scale, memory_budget):
+    acc = _calls.acc_dtype(z.dtype)
+    return z.new_empty((), dtype=acc), z.new_empty((z.shape[0],), dtype=acc)
+
+
+@torch.library.custom_op("tiledlse::self_contrastive_backward", mutates_args=())
+def self_contrastive_backward(z: Tensor, scale: Tensor, lse: Tensor, dloss: Tensor, memory_budget: int,
+                              need_z: bool, need_scale: bool) -> Tuple[Tensor, Tensor]:
+    """(dZ, dscale as a 0-d tensor of the accumulator type); one not asked for is empty."""
+    grads = _calls.self_contrastive_backward(z, scale, lse, dloss, (need_z, need_scale), memory_budget)
+    return tuple(g if g is not None else z.new_empty((0,)) for g in grads)
+
+
+@self_contrastive_backward.register_fake
+def _(z, scale, lse, dloss, memory_budget, need_z, need_scale):
+    return (torch.empty_like(z) if need_z else z.new_empty((0,)), lse.new_empty(()) if need_scale else z.new_empty((0,)))
+
+
+def _self_contrastive_setup(ctx, inputs, output):
+    z, scale, memory_budget = inputs
+    ctx.save_for_backward(z, scale, output[1])
+    ctx.memory_budget = memory_budget
+
+
+def _self_contrastive_gradient(ctx, grad_loss, _grad_lse):
+    z, scale, lse = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dz, dscale = torch.ops.tiledlse.self_contrastive_backward(z, scale, lse, grad_loss, ctx.memory_budget, need[0],
+                                                              need[1])
+    dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape) if need[1] else None
+    return (dz if need[0] else None), dscale, None
+
+
+self_contrastive_forward.register_autograd(_self_contrastive_gradient, setup_context=_self_contrastive_setup)
