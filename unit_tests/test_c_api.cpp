@@ -165,6 +165,40 @@ TEST(CApi, OptionsBeyondTheAccumulatorAreErrors) {
       << tlse_last_error();
 }
 
+TEST(CApi, PrecisionIsATlsePrecision) {
+  // options.precision (once a reserved field, 0 by default): TLSE_PRECISION_TF32 asks for TF32
+  // products of float inputs where a GPU has them; the host ignores it, so there the results are
+  // the exact ones, bit for bit. Any other value fails naming it.
+  CrossEntropy ce;
+  std::vector<float> E(N * D), C(V * D);
+  for (std::size_t i = 0; i < E.size(); ++i) E[i] = float(std::sin(0.3 * double(i)));
+  for (std::size_t i = 0; i < C.size(); ++i) C[i] = float(std::cos(0.7 * double(i)));
+  const auto forward = [&](std::int32_t precision, float* loss) {
+    ce.options.precision = precision;
+    return tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F32, N, V, D, E.data(), C.data(),
+                                      nullptr, ce.targets.data(), loss, nullptr, nullptr, &ce.options);
+  };
+  float exact = -1, tf32 = -1, untouched = -1;
+  ASSERT_EQ(forward(TLSE_PRECISION_EXACT, &exact), TLSE_SUCCESS) << tlse_last_error();
+  ASSERT_EQ(forward(TLSE_PRECISION_TF32, &tf32), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_EQ(exact, tf32);
+  expect_invalid(forward(2, &untouched),
+                 {"tlse_cross_entropy_forward: argument 'options.precision' is 2, not a tlse_precision"});
+  tlse_contrastive_options c;
+  tlse_contrastive_options_default(&c);
+  EXPECT_EQ(c.precision, TLSE_PRECISION_EXACT);
+  c.precision = -1;
+  expect_invalid(tlse_contrastive_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F32, 4, D, E.data(), C.data(),
+                                          nullptr, &untouched, nullptr, nullptr, &c),
+                 {"argument 'options.precision' is -1"});
+  std::size_t bytes = 0;
+  expect_invalid(
+      tlse_self_contrastive_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F32, 4, D, &c, &bytes),
+      {"tlse_self_contrastive_workspace_bytes: argument 'options.precision' is -1"});
+  EXPECT_EQ(untouched, -1.0f);
+  EXPECT_EQ(bytes, 0u);
+}
+
 /// One cross-entropy problem of storage type T (float or double: the accumulator type too) run
 /// both ways, the step in one call and the forward then the backward, with the same options and
 /// dloss, from the same starting gradients (they matter with `accumulate`).

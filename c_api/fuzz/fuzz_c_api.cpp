@@ -306,12 +306,12 @@ tlse_cross_entropy_options cross_entropy_options(Input& in, Call& call, int dtyp
   o.z_loss = in.option({0.0, 1e-4, 0.1});
   o.filter_eps = in.one_in(2) ? 0.0 : in.option({TLSE_FILTER_EPS_AUTO, 1e-3, 1.0});
   o.detect_non_finite = in.one_in(4);
-  if (in.one_in(32)) o.reserved = 1;
+  if (in.one_in(32)) o.precision = in.pick<int>({TLSE_PRECISION_TF32, 2, -1});
   call.note("ignore=" + std::to_string(o.ignore_index) + " red=" + std::to_string(o.reduction) +
             " shift=" + std::to_string(o.shift) + " softcap=" + std::to_string(o.softcap) +
             " z=" + std::to_string(o.z_loss) + " eps=" + std::to_string(o.filter_eps) +
             " detect=" + std::to_string(o.detect_non_finite) + " acc=" + std::to_string(o.accumulate));
-  if (o.reserved) call.invalid("reserved");
+  if (o.precision != TLSE_PRECISION_EXACT && o.precision != TLSE_PRECISION_TF32) call.invalid("precision");
   if (o.reduction < 0 || o.reduction > 2) call.invalid("reduction");
   if (o.shift < 0) call.invalid("shift");
   if (!(o.softcap >= 0) || !fits_accumulator(o.softcap, dtype)) call.invalid("softcap");
@@ -356,9 +356,9 @@ void fuzz_cross_entropy_workspace_bytes(Input& in) {
   tlse_cross_entropy_options o;
   tlse_cross_entropy_options_default(&o);
   o.reduction = in.one_in(16) ? 5 : in.below(3);
-  o.reserved = in.one_in(32);
+  o.precision = in.one_in(32) ? 5 : TLSE_PRECISION_EXACT;
   const bool use_options = !in.one_in(4);  // else NULL: the defaults
-  if (use_options && (o.reduction > 2 || o.reserved)) call.invalid("options");
+  if (use_options && (o.reduction > 2 || o.precision == 5)) call.invalid("options");
   std::size_t bytes = 0;
   const bool null_bytes = in.one_in(16);
   if (null_bytes) call.invalid("bytes NULL");
@@ -530,10 +530,10 @@ tlse_contrastive_options contrastive_options(Input& in, Call& call, int dtype) {
   o.direction = in.one_in(16) ? in.pick<int>({3, -1}) : in.below(3);
   o.accumulate = in.pick<int>({0, 1, -3});
   o.detect_non_finite = in.one_in(4);
-  if (in.one_in(32)) o.reserved = -1;
+  if (in.one_in(32)) o.precision = in.pick<int>({TLSE_PRECISION_TF32, -1, 7});
   call.note("scale=" + std::to_string(o.scale) + " dir=" + std::to_string(o.direction) +
             " acc=" + std::to_string(o.accumulate) + " detect=" + std::to_string(o.detect_non_finite));
-  if (o.reserved) call.invalid("reserved");
+  if (o.precision != TLSE_PRECISION_EXACT && o.precision != TLSE_PRECISION_TF32) call.invalid("precision");
   if (o.direction < 0 || o.direction > 2) call.invalid("direction");
   if (!(o.scale >= 0) || !std::isfinite(o.scale) || (dtype != TLSE_F64 && o.scale > FLT_MAX)) call.invalid("scale");
   return o;
@@ -566,9 +566,9 @@ void fuzz_contrastive_workspace_bytes(Input& in) {
   tlse_contrastive_options o;
   tlse_contrastive_options_default(&o);
   o.direction = in.one_in(16) ? 9 : in.below(3);
-  o.reserved = in.one_in(32);
+  o.precision = in.one_in(32) ? 5 : TLSE_PRECISION_EXACT;
   const bool use_options = !in.one_in(4);  // else NULL: the defaults
-  if (use_options && (o.direction > 2 || o.reserved)) call.invalid("options");
+  if (use_options && (o.direction > 2 || o.precision == 5)) call.invalid("options");
   std::size_t bytes = 0;
   const bool null_bytes = in.one_in(16);
   if (null_bytes) call.invalid("bytes NULL");

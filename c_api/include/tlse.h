@@ -61,6 +61,13 @@ typedef enum tlse_direction TLSE_INT_ENUM {
   TLSE_DIRECTION_TEXT_TO_IMAGE = 2
 } tlse_direction;
 
+/* Arithmetic of the matrix products for TLSE_F32 inputs (options.precision). EXACT: float
+ * products on every backend. TF32: where the GPU has TF32 tensor cores (sm_80 and newer), both
+ * operands rounded to TF32 (11 significant bits) and accumulated in float, several times faster;
+ * a logit's error grows from about 2^-24 to 2^-10 of sqrt(depth) scale |a| |b| (docs/options.md).
+ * The host ignores it; so do the other dtypes (bf16 and fp16 run on tensor cores anyway). */
+typedef enum tlse_precision TLSE_INT_ENUM { TLSE_PRECISION_EXACT = 0, TLSE_PRECISION_TF32 = 1 } tlse_precision;
+
 /* filter_eps value meaning "the default of the dtype" (eps(dtype) / 32, as CCE). */
 #define TLSE_FILTER_EPS_AUTO (-1.0)
 
@@ -76,7 +83,7 @@ typedef struct tlse_cross_entropy_options {
   double z_loss;             /**< adds z_loss * lse_i^2 to each row's loss; default 0 */
   double filter_eps;         /**< backward gradient filter; TLSE_FILTER_EPS_AUTO (default), 0: exact */
   int32_t detect_non_finite; /**< 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
-  int32_t reserved;          /**< must be 0 */
+  int32_t precision;         /**< tlse_precision; default TLSE_PRECISION_EXACT */
   void* workspace;           /**< NULL (default): allocated and freed by each call; else see *_workspace_bytes */
   size_t workspace_bytes;    /**< bytes at workspace (with a workspace) */
   uint64_t memory_budget;    /**< bytes of workspace a call may use (it picks the fastest algorithm that fits);
@@ -90,7 +97,7 @@ typedef struct tlse_contrastive_options {
   int32_t direction;         /**< tlse_direction; default TLSE_DIRECTION_SYMMETRIC */
   int32_t accumulate;        /**< backward: 1 adds into dI, dT, dscale; default 0 */
   int32_t detect_non_finite; /**< 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
-  int32_t reserved;          /**< must be 0 */
+  int32_t precision;         /**< tlse_precision; default TLSE_PRECISION_EXACT */
   void* workspace;           /**< NULL (default): allocated and freed by each call; else see *_workspace_bytes */
   size_t workspace_bytes;    /**< bytes at workspace (with a workspace) */
   uint64_t memory_budget;    /**< as tlse_cross_entropy_options.memory_budget */

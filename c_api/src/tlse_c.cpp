@@ -270,13 +270,19 @@ void by_dtype(const char* function, tlse_dtype dtype, F&& f) {
   invalid(function, "dtype", "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
 }
 
+tlse::Precision precision_of(const char* function, std::int32_t precision) {
+  if (precision != TLSE_PRECISION_EXACT && precision != TLSE_PRECISION_TF32)
+    invalid(function, "options.precision",
+            "is " + std::to_string(precision) + ", not a tlse_precision (TLSE_PRECISION_EXACT or TLSE_PRECISION_TF32)");
+  return precision == TLSE_PRECISION_TF32 ? tlse::Precision::tf32 : tlse::Precision::exact;
+}
+
 tlse::CrossEntropyOptions convert(const char* function, const tlse_cross_entropy_options* given) {
   tlse_cross_entropy_options o;
   tlse_cross_entropy_options_default(&o);
   if (given) o = *given;
   if (o.reduction < TLSE_REDUCTION_NONE || o.reduction > TLSE_REDUCTION_MEAN)
     invalid(function, "options.reduction", "is " + std::to_string(o.reduction) + ", not a tlse_reduction");
-  if (o.reserved != 0) invalid(function, "options.reserved", "must be 0 (start from tlse_cross_entropy_options_default)");
   tlse::CrossEntropyOptions r;
   r.ignore_index = o.ignore_index;
   r.reduction = o.reduction == TLSE_REDUCTION_NONE ? tlse::Reduction::none
@@ -288,6 +294,7 @@ tlse::CrossEntropyOptions convert(const char* function, const tlse_cross_entropy
   r.filter_eps = o.filter_eps == TLSE_FILTER_EPS_AUTO ? tlse::filter_eps_auto : o.filter_eps;
   r.accumulate = o.accumulate != 0;
   r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
+  r.precision = precision_of(function, o.precision);
   r.workspace = {o.workspace, o.workspace_bytes};
   r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
   return r;
@@ -299,7 +306,6 @@ tlse::ContrastiveOptions convert(const char* function, const tlse_contrastive_op
   if (given) o = *given;
   if (o.direction < TLSE_DIRECTION_SYMMETRIC || o.direction > TLSE_DIRECTION_TEXT_TO_IMAGE)
     invalid(function, "options.direction", "is " + std::to_string(o.direction) + ", not a tlse_direction");
-  if (o.reserved != 0) invalid(function, "options.reserved", "must be 0 (start from tlse_contrastive_options_default)");
   tlse::ContrastiveOptions r;
   r.scale = o.scale;
   r.direction = o.direction == TLSE_DIRECTION_SYMMETRIC       ? tlse::Direction::symmetric
@@ -307,6 +313,7 @@ tlse::ContrastiveOptions convert(const char* function, const tlse_contrastive_op
                                                               : tlse::Direction::text_to_image;
   r.accumulate = o.accumulate != 0;
   r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
+  r.precision = precision_of(function, o.precision);
   r.workspace = {o.workspace, o.workspace_bytes};
   r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
   return r;

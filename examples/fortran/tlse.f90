@@ -20,7 +20,7 @@ module tlse
     real(c_double) :: z_loss
     real(c_double) :: filter_eps
     integer(c_int32_t) :: detect_non_finite
-    integer(c_int32_t) :: reserved
+    integer(c_int32_t) :: precision
     type(c_ptr) :: workspace
     integer(c_size_t) :: workspace_bytes
     integer(c_int64_t) :: memory_budget  ! bytes of workspace a call may use; 0: 256 MiB

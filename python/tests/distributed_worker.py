@@ -139,6 +139,13 @@ def wrong_device(rank, size, device):
                                                     torch.zeros(4, dtype=torch.int64, device="meta")))
 
 
+def bad_precision_on_one_rank(rank, size, device):
+    import tiledlse.distributed as td
+    precision = "fp32" if rank == 1 else "exact"
+    return error_of(lambda: td.contrastive_loss(features(3, 4, device), features(3, 4, device), 1.0,
+                                                precision=precision))
+
+
 def target_out_of_range(rank, size, device):
     import tiledlse.distributed as td
     e, c = features(4, 3, device), features(2, 3, device)  # V = 2 * size
@@ -159,6 +166,7 @@ SCENARIOS = {
     "mismatched_features": mismatched_features,
     "wrong_dtype_on_one_rank": wrong_dtype_on_one_rank,
     "wrong_device": wrong_device,
+    "bad_precision_on_one_rank": bad_precision_on_one_rank,
     "target_out_of_range": target_out_of_range,
 }
 

@@ -35,7 +35,7 @@ def _cross_entropy_operands(device, dtype, with_bias, reduction):
     bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
     targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
     targets[::4] = -100
-    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0)  # ..., filter_eps, memory_budget (0: the default)
+    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0, 0)  # ..., filter_eps, memory_budget (0: default), precision
     return e, c, bias, targets, options
 
 
@@ -69,28 +69,30 @@ def test_opcheck_cross_entropy_with_gradients(device, dtype, reduction, with_bia
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "image_to_text"])
 @pytest.mark.parametrize("with_labels", [False, True], ids=["diagonal", "labels"])
-def test_opcheck_contrastive(device, symmetric, with_labels):
+@pytest.mark.parametrize("precision", [0, 1], ids=["exact", "tf32"])
+def test_opcheck_contrastive(device, symmetric, with_labels, precision):
     b, c = 13, 6
     image, text = randn(b, c, device=device), randn(b, c, device=device, seed=1)
     scale = torch.tensor(2.5, device=device, requires_grad=True)
     labels = torch.randperm(b, generator=torch.Generator().manual_seed(2)).to(device) if with_labels else None
     budget = 0  # the library's default
     torch.library.opcheck(torch.ops.tiledlse.contrastive_forward.default,
-                          (image, text, scale, labels, symmetric, budget))
-    loss, row_lse, col_lse = torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric, budget)
+                          (image, text, scale, labels, symmetric, budget, precision))
+    loss, row_lse, col_lse = torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric, budget,
+                                                                    precision)
     torch.library.opcheck(torch.ops.tiledlse.contrastive_backward.default,
                           (image.detach(), text.detach(), scale.detach(), labels, row_lse.detach(), col_lse.detach(),
-                           torch.ones_like(loss).detach(), symmetric, budget, True, True, True))
+                           torch.ones_like(loss).detach(), symmetric, budget, precision, True, True, True))
 
 
 @needs_custom_ops
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_self_contrastive(device):
     z, scale, budget = randn(14, 6, device=device), torch.tensor(2.5, device=device, requires_grad=True), 0
-    torch.library.opcheck(torch.ops.tiledlse.self_contrastive_forward.default, (z, scale, budget))
-    loss, lse = torch.ops.tiledlse.self_contrastive_forward(z, scale, budget)
+    torch.library.opcheck(torch.ops.tiledlse.self_contrastive_forward.default, (z, scale, budget, 0))
+    loss, lse = torch.ops.tiledlse.self_contrastive_forward(z, scale, budget, 0)
     torch.library.opcheck(torch.ops.tiledlse.self_contrastive_backward.default,
-                          (z.detach(), scale.detach(), lse.detach(), torch.ones_like(loss).detach(), budget, True,
+                          (z.detach(), scale.detach(), lse.detach(), torch.ones_like(loss).detach(), budget, 0, True,
                            True))
 
 

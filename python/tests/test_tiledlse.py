@@ -236,12 +236,51 @@ def test_gradcheck_self_contrastive():
         (lambda z, s: (z, torch.ones(2), {}), ValueError, "'scale' must be a floating-point tensor of one"),
         (lambda z, s: (z, "2", {}), TypeError, "'scale'"),
         (lambda z, s: (z, s, {"memory_budget": 0}), ValueError, "'memory_budget'"),
+        (lambda z, s: (z, s, {"precision": "TF32"}), ValueError, "'precision' must be 'exact' or 'tf32'"),
     ],
 )
 def test_self_contrastive_bad_input(change, error, pattern):
     z, s, kwargs = change(rand(8, 8, dtype=torch.float32, device="cpu"), torch.tensor(2.0))
     with pytest.raises(error, match=pattern):
         tiledlse.self_contrastive_loss(z, s, **kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("loss_name", ["contrastive", "self_contrastive", "cross_entropy"])
+def test_tf32_precision(device, loss_name):
+    """precision="tf32" reaches the library: on a GPU with TF32 tensor cores the float32 products
+    round their operands to TF32 (results differ from the exact ones, by about TF32's rounding);
+    on the CPU it is ignored (the exact results, bit for bit). The kernels' own TF32 error model is
+    checked by the C++ suite (test_contrastive, test_cross_entropy: Tf32Precision)."""
+    seed = torch.seed() % 2**31
+    inputs = [rand(*shape, dtype=torch.float32, device=device, seed=seed + k)
+              for k, shape in enumerate([(1024, 256), (1024, 256)] if loss_name != "cross_entropy"
+                                        else [(300, 256), (1000, 256)])]
+    targets = torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(seed)).to(device)
+    losses = {
+        "contrastive": lambda a, b, p: tiledlse.contrastive_loss(a, b, 2.5, precision=p),
+        "self_contrastive": lambda a, b, p: tiledlse.self_contrastive_loss(torch.cat([a, b]), 2.5, precision=p),
+        "cross_entropy": lambda a, b, p: tiledlse.linear_cross_entropy(a, b, targets, filter_eps=None, precision=p),
+    }
+    results = {}
+    for precision in ("exact", "tf32"):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        loss = losses[loss_name](*leaves, precision)
+        results[precision] = [loss.detach(), *torch.autograd.grad(loss, leaves)]
+    exact, tf32 = results["exact"], results["tf32"]
+    what = "seed %d, %s: " % (seed, loss_name)
+    if device == "cpu" or torch.cuda.get_device_capability()[0] < 8:
+        for got, want in zip(tf32, exact):
+            assert torch.equal(got, want), what + "precision='tf32' changed a result where it has no effect"
+        return
+    assert any(not torch.equal(got, want) for got, want in zip(tf32, exact)), what + "'tf32' gave the exact results"
+    # Operands rounded to 2^-11: each logit moves by about 2^-11 scale |a| |b| / sqrt(256) (a random
+    # walk over the 256 products), up to about 5e-3 here, and the loss and the gradients at most by
+    # as much relatively; their errors average out over many logits (measured on an H200,
+    # 2026-11-28: 1.3e-6 to 1.1e-5 of their magnitudes).
+    close(tf32[0], exact[0], 2.0 ** -8, what + "loss")
+    for k, (got, want) in enumerate(zip(tf32[1:], exact[1:])):
+        close(got, want, 2.0 ** -6, what + "gradient %d" % k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -322,6 +361,7 @@ def ce_inputs(device="cpu"):
         (lambda e, c, t: (e, c, t, {"ignore_index": 3}), ValueError, "'ignore_index'"),
         (lambda e, c, t: (e, c, t, {"memory_budget": 0}), ValueError, "'memory_budget' must be None or a positive"),
         (lambda e, c, t: (e, c, t, {"memory_budget": 1.5e9}), ValueError, "'memory_budget'"),
+        (lambda e, c, t: (e, c, t, {"precision": "fp32"}), ValueError, "'precision' must be 'exact' or 'tf32'"),
     ],
 )
 def test_cross_entropy_bad_input(change, error, pattern):
@@ -344,6 +384,7 @@ def test_cross_entropy_bad_input(change, error, pattern):
         (lambda i, t, s: (i, t, s, {"labels": torch.arange(8) + 1}), ValueError,
          r"'labels' has labels\[7\] = 8, outside \[0, 8\)"),
         (lambda i, t, s: (i, t, s, {"memory_budget": -1}), ValueError, "'memory_budget'"),
+        (lambda i, t, s: (i, t, s, {"precision": None}), ValueError, "'precision' must be 'exact' or 'tf32'"),
     ],
 )
 def test_contrastive_bad_input(change, error, pattern):

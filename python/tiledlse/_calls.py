@@ -25,6 +25,7 @@ class CrossEntropyConfig(NamedTuple):
     z_loss: float
     filter_eps: float  # L.FILTER_EPS_AUTO, 0 (exact) or a value
     memory_budget: int = 0  # bytes of workspace a call may use; 0: the library's default
+    precision: int = 0  # L.PRECISIONS value
 
 
 def acc_dtype(dtype):
@@ -82,7 +83,7 @@ def _cross_entropy_options(config):
     options = L.CrossEntropyOptions()
     options.ignore_index, options.reduction, options.shift = config.ignore_index, config.reduction, config.shift
     options.softcap, options.z_loss, options.filter_eps = config.softcap, config.z_loss, config.filter_eps
-    options.memory_budget = config.memory_budget
+    options.memory_budget, options.precision = config.memory_budget, config.precision
     return options
 
 
@@ -187,21 +188,21 @@ def scale_value(scale):
     return value
 
 
-def _contrastive_options(scale, symmetric, memory_budget):
+def _contrastive_options(scale, symmetric, memory_budget, precision):
     options = L.ContrastiveOptions()
     options.scale = scale_value(scale)
     options.direction = L.SYMMETRIC if symmetric else L.IMAGE_TO_TEXT
-    options.memory_budget = memory_budget
+    options.memory_budget, options.precision = memory_budget, precision
     return options
 
 
-def self_contrastive_forward(z, scale, memory_budget=0):
+def self_contrastive_forward(z, scale, memory_budget=0, precision=0):
     """(loss, LSE per row) of the self-similarity logits scale * z @ z.T without the diagonal;
     z holds two views of each sample, rows i and i + n/2."""
     ctx, device, stream = launch("z", z)
     n, c = z.shape
     dtype = DTYPES[z.dtype]
-    options = _contrastive_options(scale, True, memory_budget)
+    options = _contrastive_options(scale, True, memory_budget, precision)
     loss = torch.empty((), dtype=acc_dtype(z.dtype), device=z.device)
     lse = torch.empty((n,), dtype=loss.dtype, device=z.device)
     workspace = _lend_workspace(options, z.device, "tlse_self_contrastive_workspace_bytes", ctx, device, stream, dtype,
@@ -211,13 +212,13 @@ def self_contrastive_forward(z, scale, memory_budget=0):
     return loss, lse
 
 
-def self_contrastive_backward(z, scale, lse, dloss, needs, memory_budget=0):
+def self_contrastive_backward(z, scale, lse, dloss, needs, memory_budget=0, precision=0):
     """(dZ, dscale) for the upstream gradient dloss; `needs` says which to compute (the other is
     None). dscale is a 0-d tensor of the accumulator type on z's device."""
     ctx, device, stream = launch("z", z)
     n, c = z.shape
     dtype = DTYPES[z.dtype]
-    options = _contrastive_options(scale, True, memory_budget)
+    options = _contrastive_options(scale, True, memory_budget, precision)
     dloss = dloss.to(lse.dtype).contiguous()
     dz = torch.empty_like(z) if needs[0] else None
     dscale = torch.empty((), dtype=lse.dtype, device=z.device) if needs[1] else None
@@ -228,15 +229,16 @@ def self_contrastive_backward(z, scale, lse, dloss, needs, memory_budget=0):
     return dz, dscale
 
 
-def contrastive_forward(image, text, scale, labels, symmetric, comm=None, memory_budget=0):
+def contrastive_forward(image, text, scale, labels, symmetric, comm=None, memory_budget=0, precision=0):
     """(loss, row LSE, column LSE) of the logits scale * image @ text.T; the column LSE is empty
     when not symmetric. With `comm`, image and text are this rank's rows of the global batch.
-    memory_budget: bytes of workspace the call may use (0: the library's default)."""
+    memory_budget: bytes of workspace the call may use (0: the library's default); precision: an
+    L.PRECISIONS value."""
     ctx, device, stream = launch("image", image)
     b, c = image.shape
     acc = acc_dtype(image.dtype)
     dtype = DTYPES[image.dtype]
-    options = _contrastive_options(scale, symmetric, memory_budget)
+    options = _contrastive_options(scale, symmetric, memory_budget, precision)
     loss = torch.empty((), dtype=acc, device=image.device)
     row_lse = torch.empty((b,), dtype=acc, device=image.device)
     col_lse = torch.empty((b if symmetric else 0,), dtype=acc, device=image.device)
@@ -253,13 +255,13 @@ def contrastive_forward(image, text, scale, labels, symmetric, comm=None, memory
 
 
 def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, needs, comm=None,
-                         memory_budget=0):
+                         memory_budget=0, precision=0):
     """(dI, dT, dscale) for the upstream gradient dloss; `needs` says which to compute (the
     others are None). dscale is a 0-d tensor of the accumulator type on image's device."""
     ctx, device, stream = launch("image", image)
     b, c = image.shape
     dtype = DTYPES[image.dtype]
-    options = _contrastive_options(scale, symmetric, memory_budget)
+    options = _contrastive_options(scale, symmetric, memory_budget, precision)
     dloss = dloss.to(row_lse.dtype).contiguous()
     di = torch.empty_like(image) if needs[0] else None
     dt = torch.empty_like(text) if needs[1] else None

@@ -54,6 +54,13 @@ def _memory_budget(memory_budget):
     return memory_budget
 
 
+def _precision(precision):
+    """'exact' or 'tf32' -> the tlse_precision code."""
+    if not isinstance(precision, str) or precision not in L.PRECISIONS:
+        raise ValueError("argument 'precision' must be 'exact' or 'tf32', got %r" % (precision,))
+    return L.PRECISIONS[precision]
+
+
 def _filter_eps(filter_eps):
     if filter_eps == "auto":
         return L.FILTER_EPS_AUTO
@@ -65,7 +72,8 @@ def _filter_eps(filter_eps):
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
-                         return_lse=False, filter_eps="auto", z_loss=0.0, memory_budget=None, fused_step=None):
+                         return_lse=False, filter_eps="auto", z_loss=0.0, memory_budget=None, fused_step=None,
+                         precision="exact"):
     """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets`` without forming them.
 
     e: (..., D) embeddings; c: (V, D) classifier, same dtype and device (float32, float64,
@@ -76,8 +84,9 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     the rows not ignored), "sum" or "none" (shape e.shape[:-1]). filter_eps: gradient filter of
     the backward ("auto": eps(dtype)/32 as CCE; None or 0: exact). z_loss adds z_loss * lse^2.
     memory_budget: bytes of workspace a call may use, each picking the fastest algorithm that
-    fits (None: the library's default, 256 MiB; docs/options.md). Returns the loss (float32, float64 for float64 inputs), and the per-row LSE (shape
-    e.shape[:-1], no gradient, 0 for ignored rows) when return_lse.
+    fits (None: the library's default, 256 MiB; docs/options.md). Returns the loss (float32,
+    float64 for float64 inputs), and the per-row LSE (shape e.shape[:-1], no gradient, 0 for
+    ignored rows) when return_lse.
     fused_step: compute the gradients in the forward, in one call with the loss (on Hopper GPUs,
     bf16, within a large memory_budget: 3 matrix products instead of 4; within the default one,
     3 for a part of the classes), and keep them until the backward. None (auto): when the step
@@ -85,10 +94,13 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     or the backward's buffers; the library is asked), gradients of e or c will be
     needed, bias needs none, the reduction is "mean" or "sum" and return_lse is False, outside
     torch.compile; True: whenever gradients will be needed (a bias gradient too); False: never
-    (the forward, then the backward). docs/python.md.
+    (the forward, then the backward). precision: "exact" (default) or "tf32": for float32 inputs on
+    GPUs with TF32 tensor cores, products of operands rounded to TF32 (11 significant bits),
+    several times faster; no effect on the other dtypes or on the CPU. docs/python.md.
     """
     e2, targets, config, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
-                                                                 reduction, shift, filter_eps, z_loss, memory_budget)
+                                                                 reduction, shift, filter_eps, z_loss, memory_budget,
+                                                                 precision)
     grad = torch.is_grad_enabled()
     needs = (grad and e.requires_grad, grad and c.requires_grad, grad and bias is not None and bias.requires_grad)
     # The step gives a reduced loss without LSE: nothing to reshape.
@@ -133,7 +145,7 @@ def _tracing():
 
 
 def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss,
-                             memory_budget=None):
+                             memory_budget=None, precision="exact"):
     """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), the
     CrossEntropyConfig, the batch shape)."""
     _check_tensor("e", e)
@@ -168,7 +180,7 @@ def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reducti
         targets, shift = shifted, 0
     config = CrossEntropyConfig(ignore_index, L.REDUCTIONS[reduction], shift,
                                 0.0 if softcap is None else _number("softcap", softcap), _number("z_loss", z_loss),
-                                _filter_eps(filter_eps), _memory_budget(memory_budget))
+                                _filter_eps(filter_eps), _memory_budget(memory_budget), _precision(precision))
     return e.reshape(-1, e.shape[-1]), targets.reshape(-1), config, batch_shape
 
 
@@ -222,10 +234,11 @@ class _ContrastiveLoss(torch.autograd.Function):
     text are this rank's rows of the global batch, and the calls are the *_distributed ones."""
 
     @staticmethod
-    def forward(ctx, image, text, scale, labels, symmetric, comm=None, memory_budget=0):
-        loss, row_lse, col_lse = _calls.contrastive_forward(image, text, scale, labels, symmetric, comm, memory_budget)
+    def forward(ctx, image, text, scale, labels, symmetric, comm=None, memory_budget=0, precision=0):
+        loss, row_lse, col_lse = _calls.contrastive_forward(image, text, scale, labels, symmetric, comm, memory_budget,
+                                                            precision)
         ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
-        ctx.symmetric, ctx.comm, ctx.memory_budget = symmetric, comm, memory_budget
+        ctx.symmetric, ctx.comm, ctx.memory_budget, ctx.precision = symmetric, comm, memory_budget, precision
         return loss
 
     @staticmethod
@@ -234,13 +247,13 @@ class _ContrastiveLoss(torch.autograd.Function):
         image, text, scale, labels, row_lse, col_lse = ctx.saved_tensors
         di, dt, dscale = _calls.contrastive_backward(image, text, scale, labels, row_lse, col_lse, grad_loss,
                                                      ctx.symmetric, ctx.needs_input_grad[:3], ctx.comm,
-                                                     ctx.memory_budget)
+                                                     ctx.memory_budget, ctx.precision)
         if dscale is not None:
             dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape)
-        return di, dt, dscale, None, None, None, None
+        return di, dt, dscale, None, None, None, None, None
 
 
-def contrastive_loss(image, text, scale, labels=None, symmetric=True, memory_budget=None):
+def contrastive_loss(image, text, scale, labels=None, symmetric=True, memory_budget=None, precision="exact"):
     """CLIP contrastive (InfoNCE) loss of logits ``scale * image @ text.T`` without forming them.
 
     image, text: (b, c) features, same dtype and device, contiguous. scale: the logit scale
@@ -249,23 +262,26 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True, memory_bud
     the positive of image i is text labels[i] and of text j image labels[j] (default i <-> i).
     symmetric: average of image-to-text and text-to-image (CLIP); False: image-to-text only.
     memory_budget: bytes of workspace a call may use (None: the library's default, 256 MiB).
+    precision: "exact" (default) or "tf32": for float32 features on GPUs with TF32 tensor cores,
+    products of operands rounded to TF32 (11 significant bits), several times faster; no effect
+    on the other dtypes or on the CPU.
     Returns a 0-d loss (float32, float64 for float64 inputs).
     """
     scale = _contrastive_arguments(image, text, scale, labels)
-    budget = _memory_budget(memory_budget)
+    budget, code = _memory_budget(memory_budget), _precision(precision)
     if CUSTOM_OPS:
-        return torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric, budget)[0]
-    return _ContrastiveLoss.apply(image, text, scale, labels, symmetric, None, budget)
+        return torch.ops.tiledlse.contrastive_forward(image, text, scale, labels, symmetric, budget, code)[0]
+    return _ContrastiveLoss.apply(image, text, scale, labels, symmetric, None, budget, code)
 
 
 class _SelfContrastiveLoss(torch.autograd.Function):
     """The self-similarity form on one device (older torch; see CUSTOM_OPS)."""
 
     @staticmethod
-    def forward(ctx, z, scale, memory_budget=0):
-        loss, lse = _calls.self_contrastive_forward(z, scale, memory_budget)
+    def forward(ctx, z, scale, memory_budget=0, precision=0):
+        loss, lse = _calls.self_contrastive_forward(z, scale, memory_budget, precision)
         ctx.save_for_backward(z, scale, lse)
-        ctx.memory_budget = memory_budget
+        ctx.memory_budget, ctx.precision = memory_budget, precision
         return loss
 
     @staticmethod
@@ -273,13 +289,13 @@ class _SelfContrastiveLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         z, scale, lse = ctx.saved_tensors
         dz, dscale = _calls.self_contrastive_backward(z, scale, lse, grad_loss, ctx.needs_input_grad[:2],
-                                                      ctx.memory_budget)
+                                                      ctx.memory_budget, ctx.precision)
         if dscale is not None:
             dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape)
-        return dz, dscale, None
+        return dz, dscale, None, None
 
 
-def self_contrastive_loss(z, scale, memory_budget=None):
+def self_contrastive_loss(z, scale, memory_budget=None, precision="exact"):
     """Self-similarity contrastive loss (SimCLR's NT-Xent) of logits ``scale * z @ z.T`` without
     forming them.
 
@@ -287,18 +303,18 @@ def self_contrastive_loss(z, scale, memory_budget=None):
     ``torch.cat([view_a, view_b])``), each the other's positive; a row's logit with itself is left
     out. The loss is the mean over the n rows of ``logsumexp_{j != i} x_ij - x_{i, (i + n/2) % n}``.
     scale: the logit scale (1 / temperature), as in contrastive_loss. memory_budget: bytes of
-    workspace a call may use (None: the library's default, 256 MiB). Returns a 0-d loss (float32,
-    float64 for float64 inputs).
+    workspace a call may use (None: the library's default, 256 MiB). precision: as in
+    contrastive_loss. Returns a 0-d loss (float32, float64 for float64 inputs).
     """
     _check_tensor("z", z, ndim=2)
     if z.shape[0] % 2:
         raise ValueError("argument 'z' has %d rows; it holds two views of each sample (rows i and i + n/2), so the "
                          "row count must be even" % z.shape[0])
     scale = _scale_argument(scale)
-    budget = _memory_budget(memory_budget)
+    budget, code = _memory_budget(memory_budget), _precision(precision)
     if CUSTOM_OPS:
-        return torch.ops.tiledlse.self_contrastive_forward(z, scale, budget)[0]
-    return _SelfContrastiveLoss.apply(z, scale, budget)
+        return torch.ops.tiledlse.self_contrastive_forward(z, scale, budget, code)[0]
+    return _SelfContrastiveLoss.apply(z, scale, budget, code)
 
 
 def _contrastive_arguments(image, text, scale, labels):

@@ -20,6 +20,7 @@ F32, F64, BF16, F16 = 0, 1, 2, 3
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 SYMMETRIC, IMAGE_TO_TEXT = 0, 1
 FILTER_EPS_AUTO = -1.0
+PRECISIONS = {"exact": 0, "tf32": 1}  # tlse_precision: the products of float32 inputs
 
 
 class CrossEntropyOptions(ctypes.Structure):
@@ -32,7 +33,7 @@ class CrossEntropyOptions(ctypes.Structure):
         ("z_loss", ctypes.c_double),
         ("filter_eps", ctypes.c_double),
         ("detect_non_finite", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("precision", ctypes.c_int32),  # PRECISIONS
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)
@@ -45,7 +46,7 @@ class ContrastiveOptions(ctypes.Structure):
         ("direction", ctypes.c_int32),
         ("accumulate", ctypes.c_int32),
         ("detect_non_finite", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("precision", ctypes.c_int32),  # PRECISIONS
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)

@@ -23,21 +23,23 @@ from . import _library as L
 _NONE = L.REDUCTIONS["none"]
 
 
-def _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget):
-    return _calls.CrossEntropyConfig(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
+def _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision):
+    return _calls.CrossEntropyConfig(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget,
+                                     precision)
 
 
 @torch.library.custom_op("tiledlse::cross_entropy_forward", mutates_args=())
 def cross_entropy_forward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, ignore_index: int,
                           reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
-                          memory_budget: int, want_order: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                          memory_budget: int, precision: int, want_order: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, lse, vocabulary order) of e (N, D) against c (V, D); see _calls.cross_entropy_forward."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision)
     return _calls.cross_entropy_forward(e, c, bias, targets, config, want_order)
 
 
 @cross_entropy_forward.register_fake
-def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, want_order):
+def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
+      want_order):
     acc = _calls.acc_dtype(e.dtype)
     n, v = e.shape[0], c.shape[0]
     loss = e.new_empty((n,) if reduction == _NONE else (), dtype=acc)
@@ -47,10 +49,10 @@ def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filt
 @torch.library.custom_op("tiledlse::cross_entropy_backward", mutates_args=())
 def cross_entropy_backward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, lse: Tensor,
                            order: Tensor, dloss: Tensor, ignore_index: int, reduction: int, shift: int,
-                           softcap: float, z_loss: float, filter_eps: float, memory_budget: int, need_e: bool,
-                           need_c: bool, need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                           softcap: float, z_loss: float, filter_eps: float, memory_budget: int, precision: int,
+                           need_e: bool, need_c: bool, need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(dE, dC, dbias); a gradient not asked for (or dbias without bias) is an empty tensor."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision)
     grads = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config,
                                           (need_e, need_c, need_bias))
     return _present(e, grads)
@@ -69,7 +71,7 @@ def _fake_gradients(e, c, bias, need_e, need_c, need_bias):
 
 @cross_entropy_backward.register_fake
 def _(e, c, bias, targets, lse, order, dloss, ignore_index, reduction, shift, softcap, z_loss, filter_eps,
-      memory_budget, need_e, need_c, need_bias):
+      memory_budget, precision, need_e, need_c, need_bias):
     return _fake_gradients(e, c, bias, need_e, need_c, need_bias)
 
 
@@ -86,7 +88,7 @@ def _cross_entropy_gradient(ctx, grad_loss, _grad_lse, _grad_order):
     de, dc, dbias = torch.ops.tiledlse.cross_entropy_backward(
         e, c, bias, targets, lse, order, grad_loss, *ctx.options, need[0], need[1], bias is not None and need[2])
     return ((de if need[0] else None), (dc if need[1] else None), (dbias if bias is not None and need[2] else None),
-            None, None, None, None, None, None, None, None, None)
+            *(None,) * 10)
 
 
 cross_entropy_forward.register_autograd(_cross_entropy_gradient, setup_context=_cross_entropy_setup)
@@ -95,18 +97,18 @@ cross_entropy_forward.register_autograd(_cross_entropy_gradient, setup_context=_
 @torch.library.custom_op("tiledlse::cross_entropy_with_gradients", mutates_args=())
 def cross_entropy_with_gradients(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, ignore_index: int,
                                  reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
-                                 memory_budget: int, need_e: bool, need_c: bool,
+                                 memory_budget: int, precision: int, need_e: bool, need_c: bool,
                                  need_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, dE, dC, dbias), the gradients those of the loss's sum, each not asked for empty;
     see _calls.cross_entropy_with_gradients."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget)
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision)
     loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, config, (need_e, need_c, need_bias))
     return (loss, *_present(e, grads))
 
 
 @cross_entropy_with_gradients.register_fake
-def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, need_e,
-      need_c, need_bias):
+def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
+      need_e, need_c, need_bias):
     loss = e.new_empty((e.shape[0],) if reduction == _NONE else (), dtype=_calls.acc_dtype(e.dtype))
     return (loss, *_fake_gradients(e, c, bias, need_e, need_c, need_bias))
 
@@ -123,7 +125,7 @@ def _step_gradient(ctx, grad_loss, _grad_de, _grad_dc, _grad_dbias):
     # Outputs of the op, they would lead a double backward back into it (to a silent 0): detached,
     # it fails instead, as the forward and backward pair does.
     kept = [g.detach() if computed else None for g, computed in zip(ctx.saved_tensors, ctx.computed)]
-    return (*_calls.times_upstream(grad_loss, kept), *(None,) * 11)
+    return (*_calls.times_upstream(grad_loss, kept), *(None,) * 12)
 
 
 cross_entropy_with_gradients.register_autograd(_step_gradient, setup_context=_step_setup)
@@ -131,14 +133,15 @@ cross_entropy_with_gradients.register_autograd(_step_gradient, setup_context=_st
 
 @torch.library.custom_op("tiledlse::contrastive_forward", mutates_args=())
 def contrastive_forward(image: Tensor, text: Tensor, scale: Tensor, labels: Optional[Tensor], symmetric: bool,
-                        memory_budget: int) -> Tuple[Tensor, Tensor, Tensor]:
+                        memory_budget: int, precision: int) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, row LSE, column LSE; empty when not symmetric). The scale's value is read here, on
     the host, so that tracing never needs it."""
-    return _calls.contrastive_forward(image, text, scale, labels, symmetric, memory_budget=memory_budget)
+    return _calls.contrastive_forward(image, text, scale, labels, symmetric, memory_budget=memory_budget,
+                                      precision=precision)
 
 
 @contrastive_forward.register_fake
-def _(image, text, scale, labels, symmetric, memory_budget):
+def _(image, text, scale, labels, symmetric, memory_budget, precision):
     acc = _calls.acc_dtype(image.dtype)
     b = image.shape[0]
     return (image.new_empty((), dtype=acc), image.new_empty((b,), dtype=acc),
@@ -147,81 +150,83 @@ def _(image, text, scale, labels, symmetric, memory_budget):
 
 @torch.library.custom_op("tiledlse::contrastive_backward", mutates_args=())
 def contrastive_backward(image: Tensor, text: Tensor, scale: Tensor, labels: Optional[Tensor], row_lse: Tensor,
-                         col_lse: Tensor, dloss: Tensor, symmetric: bool, memory_budget: int, need_image: bool,
-                         need_text: bool, need_scale: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                         col_lse: Tensor, dloss: Tensor, symmetric: bool, memory_budget: int, precision: int,
+                         need_image: bool, need_text: bool, need_scale: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(dI, dT, dscale as a 0-d tensor of the accumulator type); one not asked for is empty."""
     grads = _calls.contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric,
-                                        (need_image, need_text, need_scale), memory_budget=memory_budget)
+                                        (need_image, need_text, need_scale), memory_budget=memory_budget,
+                                        precision=precision)
     return tuple(g if g is not None else image.new_empty((0,)) for g in grads)
 
 
 @contrastive_backward.register_fake
-def _(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, memory_budget, need_image, need_text,
-      need_scale):
+def _(image, text, scale, labels, row_lse, col_lse, dloss, symmetric, memory_budget, precision, need_image,
+      need_text, need_scale):
     return (torch.empty_like(image) if need_image else image.new_empty((0,)),
             torch.empty_like(text) if need_text else image.new_empty((0,)),
             row_lse.new_empty(()) if need_scale else image.new_empty((0,)))
 
 
 def _contrastive_setup(ctx, inputs, output):
-    image, text, scale, labels, symmetric, memory_budget = inputs
+    image, text, scale, labels, symmetric, memory_budget, precision = inputs
     _loss, row_lse, col_lse = output
     ctx.save_for_backward(image, text, scale, labels, row_lse, col_lse)
-    ctx.symmetric, ctx.memory_budget = symmetric, memory_budget
+    ctx.symmetric, ctx.memory_budget, ctx.precision = symmetric, memory_budget, precision
 
 
 def _contrastive_gradient(ctx, grad_loss, _grad_row_lse, _grad_col_lse):
     image, text, scale, labels, row_lse, col_lse = ctx.saved_tensors
     need = ctx.needs_input_grad
     di, dt, dscale = torch.ops.tiledlse.contrastive_backward(image, text, scale, labels, row_lse, col_lse, grad_loss,
-                                                             ctx.symmetric, ctx.memory_budget, need[0], need[1],
-                                                             need[2])
+                                                             ctx.symmetric, ctx.memory_budget, ctx.precision,
+                                                             need[0], need[1], need[2])
     # dscale comes back in the accumulator type on image's device: give it the scale's own.
     dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape) if need[2] else None
-    return (di if need[0] else None), (dt if need[1] else None), dscale, None, None, None
+    return (di if need[0] else None), (dt if need[1] else None), dscale, None, None, None, None
 
 
 contrastive_forward.register_autograd(_contrastive_gradient, setup_context=_contrastive_setup)
 
 
 @torch.library.custom_op("tiledlse::self_contrastive_forward", mutates_args=())
-def self_contrastive_forward(z: Tensor, scale: Tensor, memory_budget: int) -> Tuple[Tensor, Tensor]:
+def self_contrastive_forward(z: Tensor, scale: Tensor, memory_budget: int, precision: int) -> Tuple[Tensor, Tensor]:
     """(loss, LSE per row) of the self-similarity form; the scale's value is read here."""
-    return _calls.self_contrastive_forward(z, scale, memory_budget)
+    return _calls.self_contrastive_forward(z, scale, memory_budget, precision)
 
 
 @self_contrastive_forward.register_fake
-def _(z, scale, memory_budget):
+def _(z, scale, memory_budget, precision):
     acc = _calls.acc_dtype(z.dtype)
     return z.new_empty((), dtype=acc), z.new_empty((z.shape[0],), dtype=acc)
 
 
 @torch.library.custom_op("tiledlse::self_contrastive_backward", mutates_args=())
 def self_contrastive_backward(z: Tensor, scale: Tensor, lse: Tensor, dloss: Tensor, memory_budget: int,
-                              need_z: bool, need_scale: bool) -> Tuple[Tensor, Tensor]:
+                              precision: int, need_z: bool, need_scale: bool) -> Tuple[Tensor, Tensor]:
     """(dZ, dscale as a 0-d tensor of the accumulator type); one not asked for is empty."""
-    grads = _calls.self_contrastive_backward(z, scale, lse, dloss, (need_z, need_scale), memory_budget)
+    grads = _calls.self_contrastive_backward(z, scale, lse, dloss, (need_z, need_scale), memory_budget, precision)
     return tuple(g if g is not None else z.new_empty((0,)) for g in grads)
 
 
 @self_contrastive_backward.register_fake
-def _(z, scale, lse, dloss, memory_budget, need_z, need_scale):
-    return (torch.empty_like(z) if need_z else z.new_empty((0,)), lse.new_empty(()) if need_scale else z.new_empty((0,)))
+def _(z, scale, lse, dloss, memory_budget, precision, need_z, need_scale):
+    return (torch.empty_like(z) if need_z else z.new_empty((0,)),
+            lse.new_empty(()) if need_scale else z.new_empty((0,)))
 
 
 def _self_contrastive_setup(ctx, inputs, output):
-    z, scale, memory_budget = inputs
+    z, scale, memory_budget, precision = inputs
     ctx.save_for_backward(z, scale, output[1])
-    ctx.memory_budget = memory_budget
+    ctx.memory_budget, ctx.precision = memory_budget, precision
 
 
 def _self_contrastive_gradient(ctx, grad_loss, _grad_lse):
     z, scale, lse = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dz, dscale = torch.ops.tiledlse.self_contrastive_backward(z, scale, lse, grad_loss, ctx.memory_budget, need[0],
-                                                              need[1])
+    dz, dscale = torch.ops.tiledlse.self_contrastive_backward(z, scale, lse, grad_loss, ctx.memory_budget,
+                                                              ctx.precision, need[0], need[1])
     dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape) if need[1] else None
-    return (dz if need[0] else None), dscale, None
+    return (dz if need[0] else None), dscale, None, None
 
 
 self_contrastive_forward.register_autograd(_self_contrastive_gradient, setup_context=_self_contrastive_setup)

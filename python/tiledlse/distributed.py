@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import _library as L
 from ._calls import launch, scale_value
 from ._functions import (_ContrastiveLoss, _LinearCrossEntropy, _contrastive_arguments, _cross_entropy_arguments,
-                         _cross_entropy_outputs)
+                         _cross_entropy_outputs, _precision)
 
 __all__ = ["contrastive_loss", "linear_cross_entropy"]
 
@@ -170,14 +170,15 @@ class _Communicator:
         return every.cpu()
 
 
-def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None):
+def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None, precision="exact"):
     """CLIP contrastive loss over the global batch of the ranks of `group` (default: the default
     process group), without forming any logits block larger than one rank's tiles.
 
     image, text: this rank's (b_r, c) features, rows [offset_r, offset_r + b_r) of the global
     batch in rank order (b_r may differ by rank, and be 0); cpu tensors with gloo, cuda tensors
     with NCCL. scale: as tiledlse.contrastive_loss, the same on every rank. labels: int64 (b_r)
-    global indices into the global batch, or None on every rank (image i <-> text i).
+    global indices into the global batch, or None on every rank (image i <-> text i). precision:
+    as tiledlse.contrastive_loss, the same on every rank.
     Returns the global loss (0-d, the same on every rank). Gradients: this rank's image and text
     rows, and the scale's (the same on every rank), all of the global loss.
     """
@@ -188,13 +189,13 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None
         scale_value(scale_tensor)  # checked here too, so that a bad value fails on every rank
         comm.check_device("image", image)
         launch("image", image)
-        return scale_tensor
-    scale_tensor = comm.agree(checks)
-    return _ContrastiveLoss.apply(image, text, scale_tensor, labels, symmetric, comm)
+        return scale_tensor, _precision(precision)
+    scale_tensor, code = comm.agree(checks)
+    return _ContrastiveLoss.apply(image, text, scale_tensor, labels, symmetric, comm, 0, code)
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
-                         return_lse=False, filter_eps="auto", z_loss=0.0, group=None):
+                         return_lse=False, filter_eps="auto", z_loss=0.0, group=None, precision="exact"):
     """Vocabulary-parallel tiledlse.linear_cross_entropy over the ranks of `group` (default: the
     default process group).
 
@@ -208,7 +209,7 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
 
     def checks():
         arguments = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift,
-                                             filter_eps, z_loss)
+                                             filter_eps, z_loss, None, precision)
         comm.check_device("e", e)
         launch("e", e)
         return arguments
