@@ -5,10 +5,10 @@
 namespace tlse::hopper {
 namespace {
 
-template <class Input, bool General, bool Filter, bool Capped = false>
+template <class Input, bool General, bool Filter, bool Capped = false, bool Diagonal = false>
 int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = GradientEpilogue<Input, General, Filter, Capped>;
+  using Epilogue = GradientEpilogue<Input, General, Filter, Capped, Diagonal>;
   const int64_t width = a.col_end - a.col_begin;
   const int64_t row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, col_tiles = (width + TILE_N - 1) / TILE_N;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -76,13 +76,16 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
     if (a->max_col_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits must be >= 1");
     // Every column of the panel takes x = scale * dot: the kernel without the general logit model;
     // or, for the row side alone with gradient filtering (the cross-entropy's default),
-    // x = capped(scale * dot): that kernel's softcap variant.
+    // x = capped(scale * dot): that kernel's softcap variant; or x = scale * dot but on the excluded
+    // diagonal, without filtering (the self-similarity form): its diagonal variant.
     const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->rows, a->cols);
     const bool capped = a->row_terms.g != nullptr && a->col_terms.g == nullptr && a->filter_eps > 0.f &&
                         model.capped_cols >= a->col_end;
     const bool simple = model.all_simple(a->col_end);
     const auto s = static_cast<cudaStream_t>(stream);
     if (capped) return run_gradient<Input, false, true, true>(*a, s);
+    if (model.simple_but_diagonal(a->col_end) && !(a->filter_eps > 0.f))
+      return run_gradient<Input, false, false, false, true>(*a, s);
     if (!simple) return run_gradient<Input, true, true>(*a, s);
     return a->filter_eps > 0.f ? run_gradient<Input, false, true>(*a, s) : run_gradient<Input, false, false>(*a, s);
   };

@@ -37,8 +37,15 @@ struct GradientParams {
 /// Capped (without General): the row side alone under a softcap, x = capped(scale * dot) (its own
 /// kernel: as a branch of the kernel without it, it made that one spill 28 bytes and the
 /// cross-entropy fwd+bwd 0.8% slower).
-template <class T, bool General = true, bool Filter = true, bool Capped = false>
+/// Diagonal (without General and Filter): the model is simple but for the excluded diagonal (the
+/// self-similarity form); the simple loops zero each row's entry on it. Through the general kernel
+/// the form's gradient panels took twice as long (154-167 against 68-83 us at B=32768 c=512 bf16
+/// under ncu, H200 2026-11-28); fwd+bwd at B=65536 57.1 -> 43.3 ms (128 MiB), 45.6 -> 38.2 ms
+/// (256 MiB). A second copy of the loops for the tiles the diagonal meets was slower (44.9 /
+/// 39.0 ms) and kept 360 bytes of stack against 64.
+template <class T, bool General = true, bool Filter = true, bool Capped = false, bool Diagonal = false>
 struct GradientEpilogue {
+  static_assert(!Diagonal || (!General && !Filter && !Capped), "Diagonal is a variant of the simple kernel");
   using Params = GradientParams<T>;
   struct SharedStorage {
     TermsAt other[2][TILE_N];  // the column side's terms, a slot per tile's parity
@@ -152,7 +159,9 @@ struct GradientEpilogue {
   /// instructions of the general loop). Column by column, so that both rows of the thread take
   /// the column's terms from one shared load; a row that takes no part is computed with the
   /// others, left out of the filter's note, and zeroed after. Edge: the panel ends inside the
-  /// tile, the entries past it get 0. Capped: x = capped(scale * dot), dL/dz times dx/dz.
+  /// tile, the entries past it get 0. Capped: x = capped(scale * dot), dL/dz times dx/dz. With
+  /// Diagonal, each row's entry in the column its id excludes gets 0 (ids are positions where the
+  /// model is simple): one loop for every tile, the test per entry never true off the diagonal.
   template <bool Own, bool Other, bool Edge, class Acc>
   __device__ __forceinline__ bool simple_dlogits(Acc& acc, const Fragment& c, int64_t row0, int64_t col0, float eps) {
     static_assert(!Capped || (Own && !Other), "a softcap takes the row side alone");
@@ -162,6 +171,8 @@ struct GradientEpilogue {
     bool row_ok[ROWS];
     int32_t rid[ROWS], target_at[ROWS];
     TermsAt own[ROWS];
+    [[maybe_unused]] int32_t excluded_at[ROWS];
+    [[maybe_unused]] const bool diagonal = Diagonal && p.logit.meets_diagonal(row0, TILE_M, col0, TILE_N);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);
@@ -171,6 +182,10 @@ struct GradientEpilogue {
       // The row's target as an offset from the thread's first column: compared with each
       // column's offset, a constant once the loop is unrolled.
       target_at[r] = own[r].target - int32_t(col0 + c.col(0));  // ids and counts < 2^31
+      // The excluded column likewise, where the diagonal meets the tile (the offset is small
+      // there); elsewhere an offset no column has.
+      if constexpr (Diagonal)
+        excluded_at[r] = diagonal ? int32_t(row + p.logit.diagonal_offset - (col0 + c.col(0))) : INT32_MIN;
       if (Own && Filter)
         hit |= row_ok[r] && own[r].target >= col0 && own[r].target < (Edge ? p.col_end : col0 + TILE_N);
     }
@@ -209,6 +224,8 @@ struct GradientEpilogue {
           if constexpr (Filter)
             if (row_ok[r]) hit |= is_target, pmax = nan_max(pmax, e);
         }
+        if constexpr (Diagonal)
+          if (excluded_at[r] == jc - c.col(0)) dz = 0.f;  // its exponential may be inf: dropped, not scaled
         row_dot[r] += dz * dot;
         v = dz;
       }

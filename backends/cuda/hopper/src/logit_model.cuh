@@ -90,12 +90,18 @@ struct DeviceLogitModel {
   /// only (ids are positions where simple_cols > 0). Rows are checked one by one: a row that
   /// takes no part is skipped whole.
   __device__ __forceinline__ bool simple_tile(int64_t row0, int tile_m, int64_t col0, int tile_n) const {
-    if (col0 + tile_n > simple_cols) return false;
+    return col0 + tile_n <= simple_cols && !meets_diagonal(row0, tile_m, col0, tile_n);
+  }
+  /// Whether the excluded diagonal crosses the tile at (row0, col0) (ids are positions there).
+  __device__ __forceinline__ bool meets_diagonal(int64_t row0, int tile_m, int64_t col0, int tile_n) const {
     const int64_t first = row0 + diagonal_offset;  // the column that the tile's first row excludes
-    return !exclude_diagonal || first + tile_m <= col0 || first >= col0 + tile_n;
+    return exclude_diagonal && first + tile_m > col0 && first < col0 + tile_n;
   }
   /// Whether every tile of columns [0, end) is simple_tile: the kernels without the general model serve.
   bool all_simple(int64_t end) const { return simple_cols >= end && !exclude_diagonal; }
+  /// Whether every tile of columns [0, end) is simple_tile but for the diagonal: a kernel without
+  /// the general model serves if it zeroes the diagonal's entries itself.
+  bool simple_but_diagonal(int64_t end) const { return simple_cols >= end && exclude_diagonal; }
 
   /// Position col of the column side, of which [0, end) take part, as the general model sees it.
   __device__ __forceinline__ ModelColumn column(const DeviceSide& cols, int64_t col, int64_t end) const {

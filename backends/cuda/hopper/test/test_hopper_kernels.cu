@@ -918,6 +918,7 @@ int main() {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0, false, Model::general);
     check_backward(dtype, 700, 1500, 136, 256, 1300, 1.0 / 4096, false, Model::general);
     check_backward(dtype, 700, 1500, 136, 256, 1300, 0.0, false, Model::diagonal);
+    check_backward(dtype, 700, 1500, 136, 256, 600, 0.0, false, Model::diagonal);  // its end tile meets the diagonal
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096, false, Model::diagonal);
   }
   check_product_stores(130, 136);  // from the registers
