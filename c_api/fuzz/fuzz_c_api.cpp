@@ -83,6 +83,7 @@ Kind storage_kind(int dtype) {
 }
 Kind acc_kind(int dtype) { return dtype == TLSE_F64 ? Kind::f64 : Kind::f32; }
 bool valid_dtype(int dtype) { return dtype >= TLSE_F32 && dtype <= TLSE_F16; }
+bool valid_precision(int precision) { return precision == TLSE_PRECISION_EXACT || precision == TLSE_PRECISION_TF32; }
 /// Rounding of a dtype's results (oracle.hpp).
 Rounding rounding(int dtype) {
   const bool f64 = dtype == TLSE_F64;
@@ -311,7 +312,7 @@ tlse_cross_entropy_options cross_entropy_options(Input& in, Call& call, int dtyp
             " shift=" + std::to_string(o.shift) + " softcap=" + std::to_string(o.softcap) +
             " z=" + std::to_string(o.z_loss) + " eps=" + std::to_string(o.filter_eps) +
             " detect=" + std::to_string(o.detect_non_finite) + " acc=" + std::to_string(o.accumulate));
-  if (o.precision != TLSE_PRECISION_EXACT && o.precision != TLSE_PRECISION_TF32) call.invalid("precision");
+  if (!valid_precision(o.precision)) call.invalid("precision");
   if (o.reduction < 0 || o.reduction > 2) call.invalid("reduction");
   if (o.shift < 0) call.invalid("shift");
   if (!(o.softcap >= 0) || !fits_accumulator(o.softcap, dtype)) call.invalid("softcap");
@@ -533,7 +534,7 @@ tlse_contrastive_options contrastive_options(Input& in, Call& call, int dtype) {
   if (in.one_in(32)) o.precision = in.pick<int>({TLSE_PRECISION_TF32, -1, 7});
   call.note("scale=" + std::to_string(o.scale) + " dir=" + std::to_string(o.direction) +
             " acc=" + std::to_string(o.accumulate) + " detect=" + std::to_string(o.detect_non_finite));
-  if (o.precision != TLSE_PRECISION_EXACT && o.precision != TLSE_PRECISION_TF32) call.invalid("precision");
+  if (!valid_precision(o.precision)) call.invalid("precision");
   if (o.direction < 0 || o.direction > 2) call.invalid("direction");
   if (!(o.scale >= 0) || !std::isfinite(o.scale) || (dtype != TLSE_F64 && o.scale > FLT_MAX)) call.invalid("scale");
   return o;
@@ -549,13 +550,27 @@ void fill_labels(Input& in, Call& call, Buffer* labels, std::int64_t bound) {
   }
 }
 
-std::size_t contrastive_workspace_need(const Target& t, std::int64_t b, std::int64_t c, tlse_contrastive_options o) {
+/// The workspace a contrastive call of b rows needs (0 when the query fails), asked of `query`:
+/// tlse_contrastive_workspace_bytes, or the self-similarity form's.
+using ContrastiveWorkspaceQuery = decltype(&tlse_contrastive_workspace_bytes);
+std::size_t contrastive_workspace_need(const Target& t, std::int64_t b, std::int64_t c, tlse_contrastive_options o,
+                                       ContrastiveWorkspaceQuery query = tlse_contrastive_workspace_bytes) {
   std::size_t need = 0;
   o.workspace = nullptr, o.workspace_bytes = 0;
-  if (tlse_contrastive_workspace_bytes(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), b, c, &o,
-                                       &need) != TLSE_SUCCESS)
-    return 0;
+  if (query(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), b, c, &o, &need) != TLSE_SUCCESS) return 0;
   return need;
+}
+
+/// A contrastive call's options, and whether it passes them: mostly drawn (contrastive_options),
+/// at times NULL (the defaults).
+tlse_contrastive_options contrastive_options_or_null(Input& in, Call& call, int dtype, bool& use_options) {
+  use_options = !in.one_in(8);
+  tlse_contrastive_options o;
+  if (use_options)
+    o = contrastive_options(in, call, dtype);
+  else
+    tlse_contrastive_options_default(&o);
+  return o;
 }
 
 void fuzz_contrastive_workspace_bytes(Input& in) {
@@ -587,12 +602,8 @@ void fuzz_contrastive(Input& in, bool backward_alone) {
   const Target t = target(in, call);
   const std::int64_t b = in.size(in.one_in(8) ? 70 : 24), c = in.size(16);
   sizes(call, {{"b", b}, {"c", c}});
-  const bool use_options = !in.one_in(8);  // else NULL: the defaults
-  tlse_contrastive_options o;
-  if (use_options)
-    o = contrastive_options(in, call, t.dtype);
-  else
-    tlse_contrastive_options_default(&o);
+  bool use_options;
+  tlse_contrastive_options o = contrastive_options_or_null(in, call, t.dtype, use_options);
   const Kind T = storage_kind(t.dtype), A = acc_kind(t.dtype);
   const bool special = in.one_in(4);
   const std::int64_t bc = elements(b, c);
@@ -675,12 +686,8 @@ void fuzz_self_contrastive(Input& in) {
   const std::int64_t n = in.size(48), c = in.size(16);
   sizes(call, {{"n", n}, {"c", c}});
   if (n >= 0 && n <= max_size && n % 2) call.invalid_size("odd n");
-  const bool use_options = !in.one_in(8);  // else NULL: the defaults
-  tlse_contrastive_options o;
-  if (use_options)
-    o = contrastive_options(in, call, t.dtype);
-  else
-    tlse_contrastive_options_default(&o);
+  bool use_options;
+  tlse_contrastive_options o = contrastive_options_or_null(in, call, t.dtype, use_options);
   if (o.direction != TLSE_DIRECTION_SYMMETRIC) call.invalid("direction not symmetric");
   const Kind T = storage_kind(t.dtype), A = acc_kind(t.dtype);
   const bool special = in.one_in(4);
@@ -689,16 +696,8 @@ void fuzz_self_contrastive(Input& in) {
   if (o.detect_non_finite && !all_finite(Z, nc)) call.invalid("non-finite input");
   Buffer* loss = call.array("loss", A, 1, true, true);
   Buffer* lse = call.array("lse", A, n, true, false);
-  const auto workspace_need = [&] {
-    std::size_t need = 0;
-    tlse_contrastive_options q = o;
-    q.workspace = nullptr, q.workspace_bytes = 0;
-    return tlse_self_contrastive_workspace_bytes(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, c,
-                                                 &q, &need) == TLSE_SUCCESS
-               ? need
-               : 0;
-  };
-  if (use_options) o.workspace = call.workspace(call.is_invalid() ? 0 : workspace_need(), o.workspace_bytes);
+  const auto need = [&] { return contrastive_workspace_need(t, n, c, o, tlse_self_contrastive_workspace_bytes); };
+  if (use_options) o.workspace = call.workspace(call.is_invalid() ? 0 : need(), o.workspace_bytes);
   if (call.skip()) return;
   call.before();
   const tlse_status s =
@@ -722,7 +721,7 @@ void fuzz_self_contrastive(Input& in) {
   call.expect("loss", loss, x.loss);
   call.expect("lse", lse, x.row_lse);
   if (n > 0 && !lse) return;  // the backward needs it
-  if (use_options) o.workspace = back.workspace(workspace_need(), o.workspace_bytes);
+  if (use_options) o.workspace = back.workspace(need(), o.workspace_bytes);
   call.before();
   back.before();
   const tlse_status sb = tlse_self_contrastive_backward(context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype),

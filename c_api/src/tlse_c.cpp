@@ -432,6 +432,13 @@ tlse::capi::SelfContrastiveArgs self_contrastive_args(const char* fn, int64_t n,
   return a;
 }
 
+/// The input forward and backward share (Z), checked and recorded in `a`, and the workspace.
+void self_contrastive_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::SelfContrastiveArgs& a, const void* Z) {
+  arrays.input("Z", Z, a.n * a.c, e.value, true);
+  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
+  a.Z = Z;
+}
+
 /// The caller's communicator as the C++ layer's callbacks (the same fields), checked.
 tlse::distributed::Callbacks callbacks_of(const char* fn, const tlse_communicator* comm) {
   if (!comm) invalid(fn, "comm", "is NULL");
@@ -580,12 +587,11 @@ tlse::capi::SelfContrastiveArgs self_contrastive_forward_args(const char* fn, co
   auto a = self_contrastive_args(fn, n, c, options);
   const ElementBytes e = element_bytes(fn, dtype);
   CallerArrays arrays(fn, context, device);
-  arrays.input("Z", Z, n * c, e.value, true);
-  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
+  self_contrastive_inputs(arrays, e, a, Z);
   arrays.output("loss", loss, 1, e.acc, true);
   arrays.output("lse", lse, n, e.acc);
   arrays.disjoint();
-  a.Z = Z, a.loss = loss, a.lse_out = lse;
+  a.loss = loss, a.lse_out = lse;
   return a;
 }
 
@@ -598,14 +604,13 @@ tlse::capi::SelfContrastiveArgs self_contrastive_backward_args(const char* fn, c
   auto a = self_contrastive_args(fn, n, c, options);
   const ElementBytes e = element_bytes(fn, dtype);
   CallerArrays arrays(fn, context, device);
-  arrays.input("Z", Z, n * c, e.value, true);
-  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
+  self_contrastive_inputs(arrays, e, a, Z);
   arrays.input("lse", lse, n, e.acc, true);
   arrays.input("dloss", dloss, 1, e.acc, true);
   arrays.output("dZ", dZ, n * c, e.value);
   arrays.output("dscale", dscale, 1, e.acc);
   arrays.disjoint();
-  a.Z = Z, a.lse = lse, a.dloss = dloss, a.dZ = dZ, a.dscale = dscale;
+  a.lse = lse, a.dloss = dloss, a.dZ = dZ, a.dscale = dscale;
   return a;
 }
 

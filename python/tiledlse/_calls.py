@@ -196,13 +196,19 @@ def _contrastive_options(scale, symmetric, memory_budget, precision):
     return options
 
 
+def _contrastive_call(name, x, scale, symmetric, memory_budget, precision):
+    """What every contrastive call starts from (as _cross_entropy_call): the context, device and
+    stream of x's device (x: argument `name`, the first features), its rows and columns, the
+    dtype code and the options."""
+    ctx, device, stream = launch(name, x)
+    b, c = x.shape
+    return ctx, device, stream, b, c, DTYPES[x.dtype], _contrastive_options(scale, symmetric, memory_budget, precision)
+
+
 def self_contrastive_forward(z, scale, memory_budget=0, precision=0):
     """(loss, LSE per row) of the self-similarity logits scale * z @ z.T without the diagonal;
     z holds two views of each sample, rows i and i + n/2."""
-    ctx, device, stream = launch("z", z)
-    n, c = z.shape
-    dtype = DTYPES[z.dtype]
-    options = _contrastive_options(scale, True, memory_budget, precision)
+    ctx, device, stream, n, c, dtype, options = _contrastive_call("z", z, scale, True, memory_budget, precision)
     loss = torch.empty((), dtype=acc_dtype(z.dtype), device=z.device)
     lse = torch.empty((n,), dtype=loss.dtype, device=z.device)
     workspace = _lend_workspace(options, z.device, "tlse_self_contrastive_workspace_bytes", ctx, device, stream, dtype,
@@ -215,10 +221,7 @@ def self_contrastive_forward(z, scale, memory_budget=0, precision=0):
 def self_contrastive_backward(z, scale, lse, dloss, needs, memory_budget=0, precision=0):
     """(dZ, dscale) for the upstream gradient dloss; `needs` says which to compute (the other is
     None). dscale is a 0-d tensor of the accumulator type on z's device."""
-    ctx, device, stream = launch("z", z)
-    n, c = z.shape
-    dtype = DTYPES[z.dtype]
-    options = _contrastive_options(scale, True, memory_budget, precision)
+    ctx, device, stream, n, c, dtype, options = _contrastive_call("z", z, scale, True, memory_budget, precision)
     dloss = dloss.to(lse.dtype).contiguous()
     dz = torch.empty_like(z) if needs[0] else None
     dscale = torch.empty((), dtype=lse.dtype, device=z.device) if needs[1] else None
@@ -234,11 +237,9 @@ def contrastive_forward(image, text, scale, labels, symmetric, comm=None, memory
     when not symmetric. With `comm`, image and text are this rank's rows of the global batch.
     memory_budget: bytes of workspace the call may use (0: the library's default); precision: an
     L.PRECISIONS value."""
-    ctx, device, stream = launch("image", image)
-    b, c = image.shape
+    ctx, device, stream, b, c, dtype, options = _contrastive_call("image", image, scale, symmetric, memory_budget,
+                                                                  precision)
     acc = acc_dtype(image.dtype)
-    dtype = DTYPES[image.dtype]
-    options = _contrastive_options(scale, symmetric, memory_budget, precision)
     loss = torch.empty((), dtype=acc, device=image.device)
     row_lse = torch.empty((b,), dtype=acc, device=image.device)
     col_lse = torch.empty((b if symmetric else 0,), dtype=acc, device=image.device)
@@ -258,10 +259,8 @@ def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, sy
                          memory_budget=0, precision=0):
     """(dI, dT, dscale) for the upstream gradient dloss; `needs` says which to compute (the
     others are None). dscale is a 0-d tensor of the accumulator type on image's device."""
-    ctx, device, stream = launch("image", image)
-    b, c = image.shape
-    dtype = DTYPES[image.dtype]
-    options = _contrastive_options(scale, symmetric, memory_budget, precision)
+    ctx, device, stream, b, c, dtype, options = _contrastive_call("image", image, scale, symmetric, memory_budget,
+                                                                  precision)
     dloss = dloss.to(row_lse.dtype).contiguous()
     di = torch.empty_like(image) if needs[0] else None
     dt = torch.empty_like(text) if needs[1] else None
