@@ -1,11 +1,12 @@
 // Times the distributed losses, forward + backward. Run under mpirun, one rank per GPU on a GPU
 // build:
-//   mpirun -np 2 distributed_benchmark <B> <c> [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]
+//   mpirun -np 2 distributed_benchmark <B> <c> [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware] [budget MiB]
 //     the contrastive loss at a global batch split evenly over the ranks, and how long the ranks
 //     waited on ring transfers (communication not hidden behind compute);
-//   mpirun -np 2 distributed_benchmark ce <N> <D> <V> [dtype] [iterations] [comm]
+//   mpirun -np 2 distributed_benchmark ce <N> <D> <V> [dtype] [iterations] [comm] [budget MiB]
 //     the vocabulary-parallel cross-entropy: every rank holds E (N x D) and the targets, and a
 //     contiguous shard of about V / ranks classes of C.
+// budget: each rank's options.memory_budget in MiB (default: the library's, 256 MiB).
 // Prints one JSON line (rank 0): median over iterations of the slowest rank's step time (and for
 // the contrastive loss the slowest rank's exposed communication and bytes sent per rank).
 #include <tlse/distributed.hpp>
@@ -26,6 +27,7 @@ struct Setup {
   long B, c;
   int iterations;
   std::string dtype, comm;
+  std::size_t memory_budget = tlse::memory_budget_default;
   long V = 0;  // > 0: the vocabulary-parallel cross-entropy with N = B tokens, D = c, V classes
 };
 
@@ -90,6 +92,7 @@ int run_cross_entropy(const Setup& s, const Comm& comm) {
   Kokkos::View<const T*, Mem> bias;
   Kokkos::View<T*, Mem> dbias;
   tlse::CrossEntropyOptions o;
+  o.memory_budget = s.memory_budget;
   if (s.dtype == "tf32") o.precision = tlse::Precision::tf32;
   const double ms = timed_median(comm.exec(), s.iterations, [&] {
     tlse::distributed::cross_entropy(comm, E, C, bias, targets, loss, lse, o);
@@ -100,8 +103,9 @@ int run_cross_entropy(const Setup& s, const Comm& comm) {
     std::printf(
         "{\"kind\": \"distributed_cross_entropy_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"N\": %ld, "
         "\"D\": %ld, \"V\": %ld, \"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, \"exec\": \"%s\", "
-        "\"iterations\": %d}\n",
-        n, s.comm.c_str(), N, D, V, s.dtype.c_str(), double(h(0)), ms, Exec::name(), s.iterations);
+        "\"iterations\": %d, \"budget_MiB\": %zu}\n",
+        n, s.comm.c_str(), N, D, V, s.dtype.c_str(), double(h(0)), ms, Exec::name(), s.iterations,
+        s.memory_budget >> 20);
   return 0;
 }
 
@@ -129,6 +133,7 @@ int run(const Setup& s, const Comm& comm) {
   Kokkos::View<const int*, Mem> labels;
   tlse::ContrastiveOptions o;
   o.scale = 1 / 0.07;
+  o.memory_budget = s.memory_budget;
   if (s.dtype == "tf32") o.precision = tlse::Precision::tf32;  // float inputs, TF32 products
   std::vector<double> step_ms, exposed_ms;
   long bytes = 0;
@@ -154,9 +159,9 @@ int run(const Setup& s, const Comm& comm) {
     std::printf(
         "{\"kind\": \"distributed_contrastive_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"B\": %ld, \"c\": %ld, "
         "\"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, \"ms_exposed_comm\": %.3f, "
-        "\"MB_sent_per_rank\": %.2f, \"exec\": \"%s\", \"iterations\": %d}\n",
+        "\"MB_sent_per_rank\": %.2f, \"exec\": \"%s\", \"iterations\": %d, \"budget_MiB\": %zu}\n",
         n, s.comm.c_str(), s.B, s.c, s.dtype.c_str(), double(h(0)), ms, exposed, bytes / 1e6, Exec::name(),
-        s.iterations);
+        s.iterations, s.memory_budget >> 20);
   return 0;
 }
 
@@ -184,8 +189,10 @@ int main(int argc, char** argv) {
   if (argc < (ce ? 5 : 3)) {
     if (rank == 0)
       std::fprintf(stderr,
-                   "usage: distributed_benchmark B c [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n"
-                   "       distributed_benchmark ce N D V [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware]\n");
+                   "usage: distributed_benchmark B c [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware] "
+                   "[budget MiB]\n"
+                   "       distributed_benchmark ce N D V [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware] "
+                   "[budget MiB]\n");
     MPI_Finalize();
     return 2;
   }
@@ -193,6 +200,16 @@ int main(int argc, char** argv) {
           argc > 4 + a ? std::atoi(argv[4 + a]) : 5, argc > 3 + a ? argv[3 + a] : "f32",
           argc > 5 + a ? argv[5 + a] : "mpi"};
   if (ce) s.V = std::atol(argv[4]);
+  if (argc > 6 + a) {
+    const long mib = std::atol(argv[6 + a]);
+    if (mib < 1) {
+      if (rank == 0)
+        std::fprintf(stderr, "distributed_benchmark: budget must be a positive number of MiB, got '%s'\n", argv[6 + a]);
+      MPI_Finalize();
+      return 2;
+    }
+    s.memory_budget = std::size_t(mib) << 20;
+  }
   {
 #if defined(KOKKOS_ENABLE_CUDA)
     MPI_Comm node;  // one GPU per rank: the node-local rank picks the device

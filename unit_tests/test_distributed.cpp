@@ -310,6 +310,43 @@ TYPED_TEST(Distributed, ContrastiveOneDirection) {
                     contrastive_options(5.0, tlse::Direction::text_to_image), true);
 }
 
+// Depths the Hopper kernels take (multiples of 8), under the default budget (on Hopper GPUs
+// the fused backward per step) and under one that holds no more than the smallest plan (there its
+// two passes); elsewhere the budget changes nothing.
+TYPED_TEST(Distributed, ContrastiveStepsWithinTheMemoryBudget) {
+  TLSE_SHARED_SEED(rng);
+  for (std::size_t budget : {tlse::memory_budget_default, std::size_t(1)}) {
+    SCOPED_TRACE("memory_budget " + std::to_string(budget));
+    auto o = contrastive_options(1 / 0.07);
+    o.memory_budget = budget;
+    this->contrastive(rng, uneven_split(301, this->size, false), 64, o, false);
+  }
+}
+
+// A budget that holds the Hopper backward of half a rank's rows but not of all of them (bf16, 64
+// features: about 890 KiB for 1501 rows against as many columns, 470 KiB for 768): each ring
+// step runs its rows in chunks (on one rank 768 + 733; on two, 512 + 489 on the larger rank),
+// the positives' rows relative to each chunk. Elsewhere the budget changes nothing.
+TYPED_TEST(Distributed, ContrastiveRowsInChunksUnderASmallBudget) {
+  if (tlse::impl::is_host_space<typename TypeParam::Exec>())
+    GTEST_SKIP() << "the host's backward plans no budget: the other cases cover its ring";
+  TLSE_SHARED_SEED(rng);
+  auto o = contrastive_options(1 / 0.07);
+  o.memory_budget = std::size_t(512) << 10;
+  this->contrastive(rng, uneven_split(1501, this->size, false), 64, o, true);
+}
+
+TYPED_TEST(Distributed, CrossEntropyShardsWithinTheMemoryBudget) {
+  TLSE_SHARED_SEED(rng);
+  tlse::CrossEntropyOptions o;
+  o.filter_eps = 0;
+  for (std::size_t budget : {tlse::memory_budget_default, std::size_t(1)}) {
+    SCOPED_TRACE("memory_budget " + std::to_string(budget));
+    o.memory_budget = budget;
+    this->cross_entropy(rng, 150, uneven_split(1003, this->size, false), 40, o, true);
+  }
+}
+
 TYPED_TEST(Distributed, CrossEntropyVocabularyShards) {
   TLSE_SHARED_SEED(rng);
   tlse::CrossEntropyOptions o;
@@ -371,6 +408,21 @@ TEST(DistributedRing, BackwardAccumulatesIntoItsOutputs) {
   expect_close("dI", to_host(dI2), plus_one(to_host(dI)), tol);
   expect_close("dT", to_host(dT2), plus_one(to_host(dT)), tol);
   expect_close("dscale", to_host(ds2), plus_one(to_host(ds)), tol);
+}
+
+TEST(DistributedRing, RowsPerRequestHalveToWhatTheBackendTakes) {
+  using tlse::distributed::impl::rows_per_request;
+  using tlse::impl::index_t;
+  const auto none = [](index_t) { return false; };
+  const auto up_to = [](index_t most) { return [most](index_t n) { return n <= most; }; };
+  EXPECT_EQ(rows_per_request(0, none), 0);
+  EXPECT_EQ(rows_per_request(1000, none), 1000);  // no plan at any size: every row at once
+  EXPECT_EQ(rows_per_request(1000, up_to(1000)), 1000);
+  EXPECT_EQ(rows_per_request(1000, up_to(999)), 512);  // 500, in whole tiles of 128
+  EXPECT_EQ(rows_per_request(1000, up_to(300)), 256);  // 512 not taken, 250 -> 256
+  EXPECT_EQ(rows_per_request(1501, up_to(800)), 768);  // 750 -> 768
+  EXPECT_EQ(rows_per_request(524288, up_to(459136)), 262144);
+  EXPECT_EQ(rows_per_request(100, up_to(50)), 100);  // below a tile: not split
 }
 
 TEST(DistributedErrors, AFailingCallbackThrowsNamingIt) {

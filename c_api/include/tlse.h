@@ -275,8 +275,9 @@ typedef struct tlse_communicator {
  * rank's arguments are bad, or the ranks disagree (feature count, dtype, options ...), every rank
  * returns TLSE_ERROR_INVALID_ARGUMENT with the same message, naming the argument and the rank.
  * Only a NULL `comm` or an unusable one (a NULL callback, rank outside [0, size)) fails alone.
- * options.workspace is not used (the ring buffers are allocated per call). docs/distributed.md
- * describes the algorithms. */
+ * options.workspace is not used (the ring buffers are allocated per call); options.memory_budget
+ * bounds each rank's backward scratch, as in the single-device calls (it may differ by rank).
+ * docs/distributed.md describes the algorithms. */
 
 /* CLIP loss over the global batch B = sum of the ranks' b: this rank's I, T (b x c, b may differ
  * by rank and be 0) are rows [offset, offset + b) of it, in rank order. labels: b global indices

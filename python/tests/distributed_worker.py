@@ -40,7 +40,7 @@ def split(total, size, empty_rank):
     return shares
 
 
-def contrastive(rank, size, device, dtype, with_labels, symmetric, empty_rank):
+def contrastive(rank, size, device, dtype, with_labels, symmetric, empty_rank, memory_budget=None):
     import tiledlse.distributed as td
     shares = split(23, size, empty_rank)
     B, c, first = sum(shares), 6, sum(shares[:rank])
@@ -51,7 +51,7 @@ def contrastive(rank, size, device, dtype, with_labels, symmetric, empty_rank):
     mine = [x[rows].to(dtype).to(device).requires_grad_() for x in (image, text)]
     scale = torch.tensor(2.5, dtype=dtype, device=device, requires_grad=True)
     loss = td.contrastive_loss(mine[0], mine[1], scale, labels=None if labels is None else labels[rows].to(device),
-                               symmetric=symmetric)
+                               symmetric=symmetric, memory_budget=memory_budget)
     loss.backward()
 
     ref_in = [x.to(dtype).double().requires_grad_() for x in (image, text)]
@@ -146,6 +146,14 @@ def bad_precision_on_one_rank(rank, size, device):
                                                 precision=precision))
 
 
+def bad_budget_on_one_rank(rank, size, device):
+    import tiledlse.distributed as td
+    budget = 0 if rank == 1 else None
+    return error_of(lambda: td.linear_cross_entropy(features(4, 3, device), features(2, 3, device),
+                                                    torch.zeros(4, dtype=torch.int64, device=device),
+                                                    memory_budget=budget))
+
+
 def target_out_of_range(rank, size, device):
     import tiledlse.distributed as td
     e, c = features(4, 3, device), features(2, 3, device)  # V = 2 * size
@@ -158,15 +166,20 @@ SCENARIOS = {
     "contrastive_f64_labels_empty_rank": lambda r, s, d: contrastive(r, s, d, torch.float64, True, True, True),
     "contrastive_f64_image_to_text": lambda r, s, d: contrastive(r, s, d, torch.float64, True, False, False),
     "contrastive_f32": lambda r, s, d: contrastive(r, s, d, torch.float32, True, True, False),
+    # a budget may differ by rank: each bounds its own rank's workspace
+    "contrastive_f32_budgets": lambda r, s, d: contrastive(r, s, d, torch.float32, False, True, False,
+                                                           memory_budget=1 if r == 0 else None),
     "cross_entropy_f64": lambda r, s, d: cross_entropy(r, s, d, torch.float64, bias=True),
     "cross_entropy_f64_options": lambda r, s, d: cross_entropy(r, s, d, torch.float64, softcap=3.0, shift=1,
                                                                reduction="none", empty_rank=True),
     "cross_entropy_f64_sum": lambda r, s, d: cross_entropy(r, s, d, torch.float64, reduction="sum"),
     "cross_entropy_f32": lambda r, s, d: cross_entropy(r, s, d, torch.float32, bias=True),
+    "cross_entropy_f32_budget": lambda r, s, d: cross_entropy(r, s, d, torch.float32, memory_budget=1 << 20),
     "mismatched_features": mismatched_features,
     "wrong_dtype_on_one_rank": wrong_dtype_on_one_rank,
     "wrong_device": wrong_device,
     "bad_precision_on_one_rank": bad_precision_on_one_rank,
+    "bad_budget_on_one_rank": bad_budget_on_one_rank,
     "target_out_of_range": target_out_of_range,
 }
 

@@ -89,6 +89,8 @@ def test_matches_torch(run, scenario):
     ("wrong_device", "ValueError", "argument 'e' is on meta but the process group's backend (gloo|nccl) moves"),
     ("bad_precision_on_one_rank", "ValueError",
      "argument 'precision' must be 'exact' or 'tf32', got 'fp32' \\(on rank 1 of the process group\\)"),
+    ("bad_budget_on_one_rank", "ValueError",
+     "argument 'memory_budget' must be None or a positive int \\(bytes\\), got 0 \\(on rank 1 of the process group\\)"),
     ("target_out_of_range", "ValueError", "argument 'targets' has targets\\[2\\] = (4|6), outside \\[0, (4|6)\\)"),
 ])
 def test_bad_input_raises_the_same_on_every_rank(run, scenario, error, pattern):

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import _library as L
 from ._calls import launch, scale_value
 from ._functions import (_ContrastiveLoss, _LinearCrossEntropy, _contrastive_arguments, _cross_entropy_arguments,
-                         _cross_entropy_outputs, _precision)
+                         _cross_entropy_outputs, _memory_budget, _precision)
 
 __all__ = ["contrastive_loss", "linear_cross_entropy"]
 
@@ -170,15 +170,18 @@ class _Communicator:
         return every.cpu()
 
 
-def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None, precision="exact"):
+def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None, memory_budget=None,
+                     precision="exact"):
     """CLIP contrastive loss over the global batch of the ranks of `group` (default: the default
     process group), without forming any logits block larger than one rank's tiles.
 
     image, text: this rank's (b_r, c) features, rows [offset_r, offset_r + b_r) of the global
     batch in rank order (b_r may differ by rank, and be 0); cpu tensors with gloo, cuda tensors
     with NCCL. scale: as tiledlse.contrastive_loss, the same on every rank. labels: int64 (b_r)
-    global indices into the global batch, or None on every rank (image i <-> text i). precision:
-    as tiledlse.contrastive_loss, the same on every rank.
+    global indices into the global batch, or None on every rank (image i <-> text i).
+    memory_budget: bytes of workspace each ring step's backward may use on this rank (None: the
+    library's default, 256 MiB; it may differ by rank), besides the ring's buffers
+    (docs/distributed.md). precision: as tiledlse.contrastive_loss, the same on every rank.
     Returns the global loss (0-d, the same on every rank). Gradients: this rank's image and text
     rows, and the scale's (the same on every rank), all of the global loss.
     """
@@ -189,27 +192,29 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None
         scale_value(scale_tensor)  # checked here too, so that a bad value fails on every rank
         comm.check_device("image", image)
         launch("image", image)
-        return scale_tensor, _precision(precision)
-    scale_tensor, code = comm.agree(checks)
-    return _ContrastiveLoss.apply(image, text, scale_tensor, labels, symmetric, comm, 0, code)
+        return scale_tensor, _memory_budget(memory_budget), _precision(precision)
+    scale_tensor, budget, code = comm.agree(checks)
+    return _ContrastiveLoss.apply(image, text, scale_tensor, labels, symmetric, comm, budget, code)
 
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
-                         return_lse=False, filter_eps="auto", z_loss=0.0, group=None, precision="exact"):
+                         return_lse=False, filter_eps="auto", z_loss=0.0, group=None, memory_budget=None,
+                         precision="exact"):
     """Vocabulary-parallel tiledlse.linear_cross_entropy over the ranks of `group` (default: the
     default process group).
 
     e (..., D) and targets (global class ids or ignore_index) are the same on every rank; c
     (V_r, D) and bias (V_r) are this rank's shard of the classifier: classes [sum of the previous
     ranks' V_q, + V_r) in rank order (V_r may differ by rank). Options as the single-device call;
-    filter_eps applies per shard. The loss and LSE are the global ones, the same on every rank;
-    e's gradient is the full one (the same on every rank), c's and bias' this rank's shard.
+    filter_eps applies per shard; memory_budget bounds the workspace of this rank's backward over
+    its shard (it may differ by rank). The loss and LSE are the global ones, the same on every
+    rank; e's gradient is the full one (the same on every rank), c's and bias' this rank's shard.
     """
     comm = _Communicator(group)
 
     def checks():
         arguments = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift,
-                                             filter_eps, z_loss, None, precision)
+                                             filter_eps, z_loss, memory_budget, precision)
         comm.check_device("e", e)
         launch("e", e)
         return arguments

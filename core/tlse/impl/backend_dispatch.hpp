@@ -121,12 +121,18 @@ std::size_t pass_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
   return by_rows > by_cols ? by_rows : by_cols;
 }
 
+/// Scratch of the fused specialization for the shape within its budget; 0 when it does not take it.
+template <class T, class Exec>
+std::size_t fused_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
+  if (!specializations_enabled()) return 0;
+  return LseBackwardFusedSpecialization<Exec>::template scratch_bytes<T>(exec, shape);
+}
+
 /// Scratch of a backward step (lse_backward), to carve from a call's workspace: the fused
 /// specialization's when it takes the shape, else the passes'.
 template <class T, class Exec>
 std::size_t backward_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
-  if (!specializations_enabled()) return 0;
-  const std::size_t fused = LseBackwardFusedSpecialization<Exec>::template scratch_bytes<T>(exec, shape);
+  const std::size_t fused = fused_scratch_bytes<T>(exec, shape);
   return fused > 0 ? fused : pass_scratch_bytes<T>(exec, shape);
 }
 

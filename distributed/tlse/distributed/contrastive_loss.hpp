@@ -135,9 +135,10 @@ struct ContrastiveRing {
 
   index_t rows() const { return L.rows[L.rank]; }
 
-  tlse::impl::TileProblem<T, Acc> problem(const T* cols, index_t ncols) const {
+  /// This rank's rows [first, first + count) (default: all) against `ncols` columns at `cols`.
+  tlse::impl::TileProblem<T, Acc> problem(const T* cols, index_t ncols, index_t first = 0, index_t count = -1) const {
     tlse::impl::TileProblem<T, Acc> p;
-    p.rows = {I.data(), nullptr, rows()};
+    p.rows = {I.data() + first * index_t(I.extent(1)), nullptr, count < 0 ? rows() : count};
     p.cols = {cols, nullptr, ncols};
     p.depth = index_t(I.extent(1));
     p.logit.scale = scale;
@@ -258,20 +259,24 @@ struct ContrastiveRing {
   }
 
   /// Backward: dI (local), dT (home after the ring, when `ring_dT`: every rank must agree),
-  /// dscale (reduced; null on every rank or none). dI and dT may be null.
+  /// dscale (reduced; null on every rank or none). dI and dT may be null. A step is a backward
+  /// request of the core (tlse::impl::lse_backward) per chunk of this rank's rows: on Hopper GPUs
+  /// the fused backward, every tile recomputed once, or its two passes, whichever `budget` holds
+  /// (as the core call); the rows in chunks only where the budget holds no plan for all of them.
   void backward(const Acc* row_lse, const Acc* col_lse, const Acc* dloss, T* dI, T* dT, bool ring_dT, Acc* dscale,
-                bool accumulate) const {
+                bool accumulate, std::size_t budget) const {
     const Exec& exec = comm.exec();
     const index_t b = rows(), m = L.max_rows, c = index_t(I.extent(1)), off_r = L.offset[L.rank];
     const bool col = w.col != 0, row = w.row != 0, want_dT = ring_dT;
-    constexpr bool direct = std::is_same<T, Acc>::value;  // kernels can write the Acc accumulators
     auto text = text_buffers();
     Mat<T> blocks[2] = {text.first, text.second};
     Vec<Acc> lses[2] = {Vec<Acc>("tlse::ring_lse0", col ? m : 0), Vec<Acc>("tlse::ring_lse1", col ? m : 0)};
     Mat<Acc> grads[2] = {Mat<Acc>("tlse::ring_dT0", want_dT ? m : 0, c),
                          Mat<Acc>("tlse::ring_dT1", want_dT ? m : 0, c)};
     Mat<Acc> dI_acc("tlse::dI_acc", dI ? b : 0, c);
-    Mat<T> staged("tlse::grad_staged", direct ? 0 : m, c);  // a pass's output before it joins an accumulator
+    // A step's gradients in the input type, before they join the accumulators: the visiting
+    // block's dT only once its accumulator has arrived (the transfer overlaps the step).
+    Mat<T> dI_step("tlse::ring_dI_step", dI ? b : 0, c), dT_step("tlse::ring_dT_step", want_dT ? m : 0, c);
     Vec<Acc> ds_acc("tlse::dscale_acc", b), ds_part("tlse::dscale_part", b), g_row("tlse::g_row", b),
         g_col("tlse::g_col", m);
     Vec<int> row_target("tlse::row_target", b), col_target("tlse::col_target", m);
@@ -288,8 +293,14 @@ struct ContrastiveRing {
           });
     }
     const int* mine = positives.data() + L.rank * m;
-    // Scratch of a backend's backward passes (the CUDA tensor-core chunks; none on the host).
-    Vec<char> scratch("tlse::backward_scratch", tlse::impl::pass_scratch_bytes<T>(exec, {m, m, c, precision}));
+    // Rows per request, and the scratch of a backend's backward for them against the largest
+    // visiting block (the Hopper kernels' within the budget; none on the host). The Hopper
+    // plans grow with the rows: at 524288 rows a rank, bf16 needs more than the default budget.
+    const index_t chunk = rows_per_request(b, [&](index_t n) {
+      return tlse::impl::fused_scratch_bytes<T>(exec, {n, m, c, precision, budget}) > 0;
+    });
+    Vec<char> scratch("tlse::backward_scratch",
+                      tlse::impl::backward_scratch_bytes<T>(exec, {chunk, m, c, precision, budget}));
     typename Comm::Request early_text, early_lse, late;
     for (int k = 0; k < L.size; ++k) {
       const int cur = k % 2, nxt = 1 - cur, s = L.block_at(k);
@@ -299,39 +310,41 @@ struct ContrastiveRing {
         early_text = ring_step(comm, blocks[cur], blocks[nxt], stats);
         if (col) early_lse = ring_step(comm, lses[cur], lses[nxt], stats);
       }
-      {
-        int *rt = row_target.data(), *ct = col_target.data();
-        Kokkos::parallel_for(
-            "tlse::ring_targets", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
-              const index_t lr = i < b ? mine[i] - off_s : -1, lc = i < bs ? theirs[i] - off_r : -1;
-              if (i < b) rt[i] = lr >= 0 && lr < bs ? int(lr) : -1;
-              ct[i] = lc >= 0 && lc < b ? int(lc) : -1;
-            });
+      bool arrived = k == 0;  // this block's dT accumulator, sent after the previous step
+      for (index_t first = 0; first < b; first += chunk) {
+        const index_t n = std::min(chunk, b - first);
+        {  // positives as columns of the visiting block, and as rows of this chunk
+          int *rt = row_target.data(), *ct = col_target.data();
+          Kokkos::parallel_for(
+              "tlse::ring_targets", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
+                const index_t lr = i < b ? mine[i] - off_s : -1, lc = i < bs ? theirs[i] - off_r - first : -1;
+                if (i < b) rt[i] = lr >= 0 && lr < bs ? int(lr) : -1;
+                ct[i] = lc >= 0 && lc < n ? int(lc) : -1;
+              });
+        }
+        // The chunk's dI += G T_s and dscale parts, and its share of the visiting block's dT: G^T I.
+        tlse::impl::BackwardRequest<T, Acc> r{};
+        r.prob = problem(blocks[cur].data(), bs, first, n);
+        if (row) r.row_terms = {row_lse + first, g_row.data() + first, row_target.data() + first, g_row.data() + first};
+        if (col) r.col_terms = {lses[cur].data(), g_col.data(), col_target.data(), g_col.data()};
+        r.grad_rows = dI ? dI_step.data() + first * c : nullptr;
+        r.grad_cols = want_dT ? dT_step.data() : nullptr;
+        r.dscale_part = dscale ? ds_part.data() + first : nullptr;
+        r.scratch = scratch.data();
+        r.scratch_bytes = scratch.size();
+        tlse::impl::lse_backward(exec, r);
+        if (want_dT) {
+          if (!arrived) {
+            timed_wait(exec, late, stats);
+            arrived = true;
+          }
+          add_into(grads[cur].data(), dT_step.data(), bs * c);
+        }
       }
-      tlse::impl::BackwardTiles<T, Acc> f{};
-      f.prob = problem(blocks[cur].data(), bs);
-      f.scratch = scratch.data();
-      f.scratch_bytes = scratch.size();
-      if (row) f.row_terms = {row_lse, g_row.data(), row_target.data(), g_row.data()};
-      if (col) f.col_terms = {lses[cur].data(), g_col.data(), col_target.data(), g_col.data()};
-      f.filter_eps = 0;
-      if (dI || dscale) {  // rows pass: dI += G T_s, dscale parts
-        f.owner_is_row = true;
-        f.grad = dI ? direct ? reinterpret_cast<T*>(dI_acc.data()) : staged.data() : nullptr;
-        f.accumulate = direct;
-        f.dscale_part = ds_part.data();
-        tlse::impl::lse_backward_pass(exec, f);
-        add_into(ds_acc.data(), ds_part.data(), b);
-        if (dI && !direct) add_into(dI_acc.data(), staged.data(), b * c);
-      }
-      if (want_dT) {  // columns pass: the visiting block's dT += G^T I
-        if (k > 0) timed_wait(exec, late, stats);
-        f.owner_is_row = false;
-        f.dscale_part = nullptr;
-        f.grad = direct ? reinterpret_cast<T*>(grads[cur].data()) : staged.data();
-        f.accumulate = direct;
-        tlse::impl::lse_backward_pass(exec, f);
-        if (!direct) add_into(grads[cur].data(), staged.data(), bs * c);
+      if (dscale) add_into(ds_acc.data(), ds_part.data(), b);
+      if (dI) add_into(dI_acc.data(), dI_step.data(), b * c);
+      if (want_dT) {
+        if (!arrived) timed_wait(exec, late, stats);  // a rank without rows adds nothing
         late = ring_step(comm, grads[cur], grads[nxt], stats);
       }
       if (k + 1 < L.size) {
@@ -412,6 +425,7 @@ void contrastive_loss(const Comm& comm, const IV& I, const TV& Tx, const LabelV&
 /// image_to_text, row_lse for text_to_image) and dloss (1, the gradient of the global loss, the
 /// same on every rank). Writes this rank's dI, dT (b_r x c, or empty) and dscale (1, or empty),
 /// the gradient of the global loss with respect to the logit scale, the same on every rank.
+/// opts.memory_budget bounds each ring step's backward scratch on this rank (docs/distributed.md).
 template <class Comm, class IV, class TV, class LabelV, class RowLseV, class ColLseV, class DLossV, class DIV,
           class DTV, class DScaleV>
 void contrastive_loss_backward(const Comm& comm, const IV& I, const TV& Tx, const LabelV& labels,
@@ -461,7 +475,7 @@ void contrastive_loss_backward(const Comm& comm, const IV& I, const TV& Tx, cons
                                                  opts.scale, opts.direction, opts.precision, labels, stats);
   ring.backward(row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
                 want_dT ? dT.data() : nullptr, agreed.wanted[0], dscale.extent(0) ? dscale.data() : nullptr,
-                opts.accumulate);
+                opts.accumulate, opts.memory_budget);
   Kokkos::Profiling::popRegion();
 }
 

@@ -136,9 +136,10 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
   Kokkos::Profiling::pushRegion("tlse::distributed::cross_entropy");
   const Exec& exec = comm.exec();
   const index_t N = call.N, Vr = shard.vocab, voff = shard.offset, n_active = shard.active;
-  Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N);
-  call.prepare_rows(row_target.data(), active.data(), nullptr);
-  const auto prob = call.problem(active.data(), nullptr, nullptr);
+  // position: the inverse of `active`, with which the Hopper kernels sweep calls with ignored rows.
+  Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N), position("tlse::position", N);
+  call.prepare_rows(row_target.data(), active.data(), position.data());
+  const auto prob = call.problem(active.data(), position.data(), nullptr);
   const auto grid = tlse::impl::ForwardGrid::plan(exec, n_active, Vr);
   Kokkos::View<Acc*, Mem> partials("tlse::partials",
                                    tlse::impl::forward_partials_size(grid, n_active, Vr, false, false));
@@ -203,7 +204,8 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
 /// Backward. Takes the forward's inputs, its global lse and dloss (shaped like the loss, the
 /// same on every rank). Writes this rank's dC (V_r x D) and dbias (V_r) shards and the full dE
 /// (N x D, the same on every rank: the partial dE of the ranks are summed in the accumulator
-/// type, then rounded once); any may be empty. Filtering (filter_eps) applies per shard.
+/// type, then rounded once); any may be empty. Filtering (filter_eps) applies per shard;
+/// opts.memory_budget bounds this rank's backward scratch over its shard.
 template <class Comm, class EV, class CV, class BiasV, class TargetV, class LseV, class DLossV, class DEV, class DCV,
           class DBiasV>
 void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
@@ -241,9 +243,9 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   Kokkos::Profiling::pushRegion("tlse::distributed::cross_entropy_backward");
   const Exec& exec = comm.exec();
   const index_t N = call.N, D = index_t(E.extent(1)), Vr = shard.vocab, voff = shard.offset;
-  Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N),
+  Kokkos::View<int*, Mem> row_target("tlse::row_target", N), active("tlse::active", N), position("tlse::position", N),
       local_target("tlse::local_target", N);
-  call.prepare_rows(row_target.data(), active.data(), nullptr);
+  call.prepare_rows(row_target.data(), active.data(), position.data());
   Kokkos::View<Acc*, Mem> g("tlse::g", N), w("tlse::w", N);
   {
     const int *act = active.data(), *rt = row_target.data();
@@ -265,24 +267,26 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
           lt[i] = t >= 0 && t < Vr ? int(t) : -1;
         });
   }
-  tlse::impl::BackwardTiles<T, Acc> f{};
-  f.prob = call.problem(active.data(), nullptr, nullptr);
-  f.row_terms = {lse.data(), g.data(), local_target.data(), w.data()};
-  f.filter_eps = Acc(tlse::impl::resolved_filter_eps<T>(opts));
-  // Scratch of a backend's backward passes (the CUDA tensor-core chunks; none on the host).
+  // This shard's share of dE, in Acc, summed over the ranks, rounded to T once; dC and dbias
+  // directly. One backward request of the core: on Hopper GPUs the fused backward or its two
+  // passes, whichever opts.memory_budget holds (as tlse::cross_entropy_backward).
+  constexpr bool direct = std::is_same<T, Acc>::value;
+  Kokkos::View<Acc**, Kokkos::LayoutRight, Mem> part("tlse::dE_part", want_dE ? N : 0, D);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> staged("tlse::dE_staged", want_dE && !direct ? N : 0, D);
   Kokkos::View<char*, Mem> scratch("tlse::backward_scratch",
-                                   tlse::impl::pass_scratch_bytes<T>(exec, {N, Vr, D, opts.precision}));
-  f.scratch = scratch.data();
-  f.scratch_bytes = scratch.size();
+                                   tlse::impl::backward_scratch_bytes<T>(exec, call.backward_shape()));
+  tlse::impl::BackwardRequest<T, Acc> r{};
+  r.prob = call.problem(active.data(), position.data(), nullptr);
+  r.row_terms = {lse.data(), g.data(), local_target.data(), w.data()};
+  r.filter_eps = Acc(tlse::impl::resolved_filter_eps<T>(opts));
+  r.grad_rows = want_dE ? direct ? reinterpret_cast<T*>(part.data()) : staged.data() : nullptr;
+  r.grad_cols = want_dC ? dC.data() : nullptr;
+  r.dbias = want_dbias ? dbias.data() : nullptr;
+  r.accumulate = opts.accumulate;  // onto dC and dbias; the rows' buffer starts at 0
+  r.scratch = scratch.data();
+  r.scratch_bytes = scratch.size();
+  tlse::impl::lse_backward(exec, r);
   if (want_dE) {
-    // This shard's share of dE, in Acc, summed over the ranks, rounded to T once.
-    constexpr bool direct = std::is_same<T, Acc>::value;
-    Kokkos::View<Acc**, Kokkos::LayoutRight, Mem> part("tlse::dE_part", N, D);
-    Kokkos::View<T**, Kokkos::LayoutRight, Mem> staged("tlse::dE_staged", direct ? 0 : N, direct ? 0 : D);
-    f.owner_is_row = true;
-    f.grad = direct ? reinterpret_cast<T*>(part.data()) : staged.data();
-    f.accumulate = false;  // ignored rows are never visited and stay 0
-    tlse::impl::lse_backward_pass(exec, f);
     Acc* p = part.data();
     if (!direct) {
       const T* st = staged.data();
@@ -297,15 +301,8 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
         "tlse::vocab_dE", Kokkos::RangePolicy<Exec>(exec, 0, N * D), KOKKOS_LAMBDA(index_t i) {
           out[i] = tlse::impl::from_acc<T>((acc ? tlse::impl::to_acc<Acc>(out[i]) : Acc(0)) + p[i]);
         });
-    exec.fence();  // part dies here
   }
-  if (want_dC || want_dbias) {
-    f.owner_is_row = false;
-    f.grad = want_dC ? dC.data() : nullptr;
-    f.dbias = want_dbias ? dbias.data() : nullptr;
-    f.accumulate = opts.accumulate;
-    tlse::impl::lse_backward_pass(exec, f);
-  }
+  exec.fence();  // the buffers die here
   Kokkos::Profiling::popRegion();
 }
 
