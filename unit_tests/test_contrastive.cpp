@@ -124,6 +124,11 @@ TYPED_TEST(Contrastive, Tf32Precision) {
   o.memory_budget = std::size_t(4) << 20;
   this->check(rng, 900, 520, o, true);
   this->check_self(rng, 2 * 450, 520, o);
+  // Under 2 MiB the two passes fit only with K blocks (H200: 256 rows of G^T and A^T at a time in
+  // the column panels, 256 columns of G and B^T in the row panels), each block transposed in turn.
+  o.memory_budget = std::size_t(2) << 20;
+  this->check(rng, 900, 520, o, true);
+  this->check_self(rng, 2 * 450, 520, o);
 }
 
 TYPED_TEST(Contrastive, ExactFloatTileKernelShapes) {
@@ -146,6 +151,21 @@ TYPED_TEST(Contrastive, BackwardInTwoPassesUnderASmallBudget) {
   o.memory_budget = std::size_t(1) << 20;
   this->check(rng, 900, 520, o, true);
   this->check_self(rng, 2 * 450, 520, o);
+}
+
+TYPED_TEST(Contrastive, BackwardInKBlocksUnderATinyBudget) {
+  if (tlse::impl::is_host_space<typename TypeParam::Exec>())
+    GTEST_SKIP() << "the host's backward plans no budget: the other cases cover its kernels";
+  TLSE_SEEDED(rng);
+  // On Hopper GPUs (bf16) 320 KiB holds the two passes of 1501 rows only with K blocks (H200:
+  // column panels over blocks of 256 rows, row panels over blocks of 256 columns, the last ones
+  // partial): dB_panel and dA_panel summed over the blocks in fp32, dscale's row sums a block at a
+  // time; the self-similarity form adds its summed column products onto the row panels' dZ.
+  // Other GPUs run the same calls on their kernels; the host's backward plans no budget.
+  auto o = with_scale(14.3);
+  o.memory_budget = std::size_t(320) << 10;
+  this->check(rng, 1501, 64, o, true);
+  this->check_self(rng, 2 * 750, 64, o);
 }
 
 TYPED_TEST(Contrastive, ExtremeLogitsNear1e4) {

@@ -323,11 +323,12 @@ TYPED_TEST(Distributed, ContrastiveStepsWithinTheMemoryBudget) {
   }
 }
 
-// A budget that holds the Hopper backward of half a rank's rows but not of all of them (bf16, 64
-// features: about 890 KiB for 1501 rows against as many columns, 470 KiB for 768): each ring
-// step runs its rows in chunks (on one rank 768 + 733; on two, 512 + 489 on the larger rank),
-// the positives' rows relative to each chunk. Elsewhere the budget changes nothing.
-TYPED_TEST(Distributed, ContrastiveRowsInChunksUnderASmallBudget) {
+// A budget that holds the Hopper backward of a step only with K blocks (bf16, 64 features: the
+// two passes of 1501 rows against as many columns in blocks of 256 rows and of 256 columns; on
+// two ranks the larger rank's 1001 rows in blocks of 512): each step's dT share is summed over
+// the blocks in fp32 before it joins the travelling accumulator. Elsewhere the budget changes
+// nothing.
+TYPED_TEST(Distributed, ContrastiveStepsInKBlocksUnderASmallBudget) {
   if (tlse::impl::is_host_space<typename TypeParam::Exec>())
     GTEST_SKIP() << "the host's backward plans no budget: the other cases cover its ring";
   TLSE_SHARED_SEED(rng);
@@ -408,21 +409,6 @@ TEST(DistributedRing, BackwardAccumulatesIntoItsOutputs) {
   expect_close("dI", to_host(dI2), plus_one(to_host(dI)), tol);
   expect_close("dT", to_host(dT2), plus_one(to_host(dT)), tol);
   expect_close("dscale", to_host(ds2), plus_one(to_host(ds)), tol);
-}
-
-TEST(DistributedRing, RowsPerRequestHalveToWhatTheBackendTakes) {
-  using tlse::distributed::impl::rows_per_request;
-  using tlse::impl::index_t;
-  const auto none = [](index_t) { return false; };
-  const auto up_to = [](index_t most) { return [most](index_t n) { return n <= most; }; };
-  EXPECT_EQ(rows_per_request(0, none), 0);
-  EXPECT_EQ(rows_per_request(1000, none), 1000);  // no plan at any size: every row at once
-  EXPECT_EQ(rows_per_request(1000, up_to(1000)), 1000);
-  EXPECT_EQ(rows_per_request(1000, up_to(999)), 512);  // 500, in whole tiles of 128
-  EXPECT_EQ(rows_per_request(1000, up_to(300)), 256);  // 512 not taken, 250 -> 256
-  EXPECT_EQ(rows_per_request(1501, up_to(800)), 768);  // 750 -> 768
-  EXPECT_EQ(rows_per_request(524288, up_to(459136)), 262144);
-  EXPECT_EQ(rows_per_request(100, up_to(50)), 100);  // below a tile: not split
 }
 
 TEST(DistributedErrors, AFailingCallbackThrowsNamingIt) {

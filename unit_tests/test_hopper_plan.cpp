@@ -78,7 +78,7 @@ TEST(HopperPlan, BudgetWithoutTheAccumulatorTakesTwoPasses) {
     EXPECT_TRUE(p.row_panel == c.rows || p.row_panel % FusedBackwardPlan::TILE_M == 0) << p.row_panel;
     EXPECT_LE(p.row_panel, FusedBackwardPlan::MAX_ROW_PANEL);
     EXPECT_EQ(p.ldg_rows % 8, 0);
-    EXPECT_GE(p.ldg_rows, c.cols);
+    EXPECT_GE(p.ldg_rows, p.col_block);
     EXPECT_EQ(p.k_splits_rows, 1);  // no accumulator product
     // The two passes carve from the same base: the plan takes the larger.
     tlse::impl::WorkspaceCarver columns;
@@ -88,7 +88,8 @@ TEST(HopperPlan, BudgetWithoutTheAccumulatorTakesTwoPasses) {
     for (std::int64_t h = FusedBackwardPlan::TILE_M; h <= std::min(c.rows, FusedBackwardPlan::MAX_ROW_PANEL);
          h += FusedBackwardPlan::TILE_M) {
       for (bool split : {true, false}) {
-        const auto other = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth, p.panel, H200_SMS, h, split);
+        const auto other = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth, p.panel, H200_SMS, h, split,
+                                                         FusedBackwardPlan::BF16_BYTES, p.row_block, p.col_block);
         if (other.bytes <= c.budget) {
           EXPECT_GE(other.two_pass_cost(H200_SMS), p.two_pass_cost(H200_SMS)) << h;
         }
@@ -104,11 +105,76 @@ TEST(HopperPlan, BudgetWithoutTheAccumulatorTakesTwoPasses) {
   EXPECT_FALSE(FusedBackwardPlan::make(8192, 128256, 4096, 192 * MiB, H200_SMS).two_passes());
 }
 
-TEST(HopperPlan, BudgetBelowTheTwoPassesDoesNotFit) {
-  // One row panel of 128 rows against 128256 columns is 31 MiB of G alone.
+TEST(HopperPlan, BudgetBelowTheTwoPassesTakesKBlocks) {
+  // One row panel of 128 rows against 128256 columns is 31 MiB of G alone: the row panels take
+  // the columns in blocks (and the column panels the rows), whole tiles each.
   const FusedBackwardPlan p = FusedBackwardPlan::make(8192, 128256, 4096, 16 * MiB, H200_SMS);
-  EXPECT_FALSE(p.fits);
-  EXPECT_GT(p.bytes, 16 * MiB);
+  ASSERT_TRUE(p.fits);
+  EXPECT_TRUE(p.two_passes());
+  EXPECT_TRUE(p.col_blocks());
+  EXPECT_EQ(p.col_block % FusedBackwardPlan::TILE_N, 0);
+  EXPECT_TRUE(!p.row_blocks() || p.row_block % FusedBackwardPlan::TILE_M == 0) << p.row_block;
+  EXPECT_LE(p.bytes, 16 * MiB);
+  tlse::impl::WorkspaceCarver columns;
+  p.carve(columns);
+  EXPECT_EQ(p.bytes, std::max(columns.bytes(), p.row_panel_bytes()));
+  const FusedBackwardPlan again = FusedBackwardPlan::make(8192, 128256, 4096, p.bytes, H200_SMS);
+  EXPECT_EQ(again.panel, p.panel);
+  EXPECT_EQ(again.row_panel, p.row_panel);
+  EXPECT_EQ(again.row_block, p.row_block);
+  EXPECT_EQ(again.col_block, p.col_block);
+  // Below what one tile of each block takes, nothing fits.
+  const FusedBackwardPlan none = FusedBackwardPlan::make(8192, 128256, 4096, MiB, H200_SMS);
+  EXPECT_FALSE(none.fits);
+  EXPECT_GT(none.bytes, MiB);
+}
+
+TEST(HopperPlan, KBlocksWhereTheWholeOperandsDoNotFit) {
+  // The plans grow with the rows: contrastive B = 524288 in bf16 (G of 256 columns is 256 MiB) and
+  // B = 131072 in TF32 (A^T is 256 MiB) fit 256 MiB only with K blocks; every K block but the last
+  // is whole tiles, and the panels are wide ones.
+  struct Case {
+    std::int64_t rows;
+    std::int64_t element;
+  };
+  for (const Case c : {Case{524288, 2}, Case{131072, 4}, Case{1048576, 2}, Case{1048576, 4}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " rows, element " + std::to_string(c.element));
+    const FusedBackwardPlan p = FusedBackwardPlan::make(c.rows, c.rows, 512, 256 * MiB, H200_SMS, c.element);
+    ASSERT_TRUE(p.fits);
+    EXPECT_TRUE(p.row_blocks());
+    EXPECT_EQ(p.row_block % FusedBackwardPlan::TILE_M, 0);
+    EXPECT_TRUE(!p.col_blocks() || p.col_block % FusedBackwardPlan::TILE_N == 0) << p.col_block;
+    EXPECT_GE(p.panel, FusedBackwardPlan::min_one_pass_panel(c.rows, c.element));
+    EXPECT_LE(p.bytes, 256 * MiB);
+    tlse::impl::WorkspaceCarver columns;
+    p.carve(columns);
+    EXPECT_EQ(p.bytes, std::max(columns.bytes(), p.two_passes() ? p.row_panel_bytes() : 0));
+    const FusedBackwardPlan again = FusedBackwardPlan::make(c.rows, c.rows, 512, p.bytes, H200_SMS, c.element);
+    EXPECT_EQ(again.panel, p.panel);
+    EXPECT_EQ(again.row_block, p.row_block);
+    EXPECT_EQ(again.col_block, p.col_block);
+    EXPECT_EQ(again.bytes, p.bytes);
+  }
+}
+
+TEST(HopperPlan, KBlocksOnlyWhereTheyBeatTheWholePlan) {
+  // Where one pass fits whole, no blocks (contrastive B = 65536 bf16 at 256 MiB, the
+  // cross-entropy at 256 MiB); nor where the whole two passes cost least (B = 65536 at 128 MiB).
+  EXPECT_FALSE(FusedBackwardPlan::make(65536, 65536, 512, 256 * MiB, H200_SMS).row_blocks());
+  EXPECT_FALSE(FusedBackwardPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS).row_blocks());
+  const FusedBackwardPlan two = FusedBackwardPlan::make(65536, 65536, 512, 128 * MiB, H200_SMS);
+  EXPECT_TRUE(two.two_passes());
+  EXPECT_FALSE(two.row_blocks() || two.col_blocks());
+  // B = 262144 bf16 at 256 MiB: whole, G holds panels of 256 columns only; blocks of 131072 rows
+  // let them widen, at less modelled cost.
+  const FusedBackwardPlan whole =
+      FusedBackwardPlan::make_blocked(262144, 262144, 512, 256 * MiB, H200_SMS, 2, 262144, 262144);
+  const FusedBackwardPlan blocked = FusedBackwardPlan::make(262144, 262144, 512, 256 * MiB, H200_SMS);
+  ASSERT_TRUE(whole.fits && whole.two_passes());
+  ASSERT_TRUE(blocked.fits && blocked.two_passes());
+  EXPECT_TRUE(blocked.row_blocks());
+  EXPECT_GT(blocked.panel, whole.panel);
+  EXPECT_LT(blocked.two_pass_cost(H200_SMS), whole.two_pass_cost(H200_SMS));
 }
 
 TEST(HopperPlan, SplitsOnlyProductsWithFewerTilesThanSMs) {
@@ -129,22 +195,27 @@ TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {
 
 TEST(HopperPlan, Tf32HoldsTheKMajorCopies) {
   // Contrastive B = 65536, c = 512 in TF32: A^T alone is 128 MiB, the accumulator another 128:
-  // under 256 MiB the two passes (B^T whole in the row pass, A^T and G^T in the column pass).
+  // under 256 MiB the two passes (B^T in the row pass, A^T and G^T in the column pass), in K blocks
+  // of the rows and columns, whose panels are wider than the whole two passes' 256 columns.
   const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 256 * MiB, H200_SMS, 4);
   ASSERT_TRUE(p.fits);
   EXPECT_TRUE(p.two_passes());
   EXPECT_TRUE(p.tf32());
+  EXPECT_TRUE(p.row_blocks());
+  EXPECT_GE(p.panel, FusedBackwardPlan::MIN_TF32_PANEL);
   EXPECT_EQ(p.k_step(), 32);
   EXPECT_LE(p.bytes, 256 * MiB);
-  // Carved from a stand-in base (only the offsets are looked at): G^T and A^T, no G, no B^T.
+  // Carved from a stand-in base (only the offsets are looked at): G^T and A^T of a block of rows,
+  // no G, no B^T.
   tlse::impl::WorkspaceCarver carver(reinterpret_cast<char*>(std::uintptr_t(1) << 30));
   const FusedBackwardPlan::Buffers b = p.carve(carver);
   EXPECT_EQ(reinterpret_cast<char*>(b.mask), b.G);
-  EXPECT_EQ(reinterpret_cast<char*>(b.partials), reinterpret_cast<char*>(b.Bt));
+  EXPECT_EQ(reinterpret_cast<char*>(b.panel_acc), reinterpret_cast<char*>(b.Bt));
+  EXPECT_EQ(p.ldgt(), p.row_block);
   EXPECT_GE(reinterpret_cast<char*>(b.GT) - b.panel_rows, std::ptrdiff_t(p.panel * 512 * 4));
-  EXPECT_GE(reinterpret_cast<char*>(b.At) - reinterpret_cast<char*>(b.GT), std::ptrdiff_t(p.panel * 65536 * 4));
-  EXPECT_GE(reinterpret_cast<char*>(b.partials) - reinterpret_cast<char*>(b.At), std::ptrdiff_t(512 * 65536 * 4));
-  EXPECT_GE(p.row_panel_bytes(), std::size_t(512) * 65536 * 4);  // B^T
+  EXPECT_GE(reinterpret_cast<char*>(b.At) - reinterpret_cast<char*>(b.GT), std::ptrdiff_t(p.panel * p.ldgt() * 4));
+  EXPECT_GE(reinterpret_cast<char*>(b.Bt) - reinterpret_cast<char*>(b.At), std::ptrdiff_t(512 * p.ldgt() * 4));
+  EXPECT_GE(p.row_panel_bytes(), std::size_t(512) * p.ldg_rows * 4);  // B^T of a block of columns
   // With room for the accumulator, A^T and B_panel^T: one pass.
   const FusedBackwardPlan fused = FusedBackwardPlan::make(65536, 65536, 512, 1024 * MiB, H200_SMS, 4);
   ASSERT_TRUE(fused.fits);
@@ -152,9 +223,12 @@ TEST(HopperPlan, Tf32HoldsTheKMajorCopies) {
   EXPECT_LE(fused.bytes, 1024 * MiB);
   // bf16 takes less: the same budget gives it a wider panel.
   EXPECT_GT(FusedBackwardPlan::make(65536, 65536, 512, 1024 * MiB, H200_SMS).panel, fused.panel);
-  // Cross-entropy N = 8192, V = 128256 in TF32: B^T whole is 2 GiB, so under 256 MiB nothing fits
-  // (the mma.sync passes then run).
-  EXPECT_FALSE(FusedBackwardPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS, 4).fits);
+  // Cross-entropy N = 8192, V = 128256 in TF32: the accumulator is 128 MiB and A^T another 128,
+  // so under 256 MiB one pass fits only with K blocks of the rows.
+  const FusedBackwardPlan ce = FusedBackwardPlan::make(8192, 128256, 4096, 256 * MiB, H200_SMS, 4);
+  ASSERT_TRUE(ce.fits);
+  EXPECT_TRUE(ce.row_blocks());
+  EXPECT_FALSE(FusedBackwardPlan::make_blocked(8192, 128256, 4096, 256 * MiB, H200_SMS, 4, 8192, 128256).fits);
 }
 
 TEST(HopperPlan, Tf32PrefersTwoPassesToNarrowPanels) {

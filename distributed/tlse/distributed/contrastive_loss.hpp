@@ -135,10 +135,10 @@ struct ContrastiveRing {
 
   index_t rows() const { return L.rows[L.rank]; }
 
-  /// This rank's rows [first, first + count) (default: all) against `ncols` columns at `cols`.
-  tlse::impl::TileProblem<T, Acc> problem(const T* cols, index_t ncols, index_t first = 0, index_t count = -1) const {
+  /// This rank's rows against `ncols` columns at `cols`.
+  tlse::impl::TileProblem<T, Acc> problem(const T* cols, index_t ncols) const {
     tlse::impl::TileProblem<T, Acc> p;
-    p.rows = {I.data() + first * index_t(I.extent(1)), nullptr, count < 0 ? rows() : count};
+    p.rows = {I.data(), nullptr, rows()};
     p.cols = {cols, nullptr, ncols};
     p.depth = index_t(I.extent(1));
     p.logit.scale = scale;
@@ -259,10 +259,10 @@ struct ContrastiveRing {
   }
 
   /// Backward: dI (local), dT (home after the ring, when `ring_dT`: every rank must agree),
-  /// dscale (reduced; null on every rank or none). dI and dT may be null. A step is a backward
-  /// request of the core (tlse::impl::lse_backward) per chunk of this rank's rows: on Hopper GPUs
-  /// the fused backward, every tile recomputed once, or its two passes, whichever `budget` holds
-  /// (as the core call); the rows in chunks only where the budget holds no plan for all of them.
+  /// dscale (reduced; null on every rank or none). dI and dT may be null. A step is one backward
+  /// request of the core (tlse::impl::lse_backward): on Hopper GPUs the fused backward, every tile
+  /// recomputed once, or its two passes, whichever `budget` holds (as the core call; where the
+  /// whole operands do not fit, their products take K blocks of the rows or columns).
   void backward(const Acc* row_lse, const Acc* col_lse, const Acc* dloss, T* dI, T* dT, bool ring_dT, Acc* dscale,
                 bool accumulate, std::size_t budget) const {
     const Exec& exec = comm.exec();
@@ -293,14 +293,10 @@ struct ContrastiveRing {
           });
     }
     const int* mine = positives.data() + L.rank * m;
-    // Rows per request, and the scratch of a backend's backward for them against the largest
-    // visiting block (the Hopper kernels' within the budget; none on the host). The Hopper
-    // plans grow with the rows: at 524288 rows a rank, bf16 needs more than the default budget.
-    const index_t chunk = rows_per_request(b, [&](index_t n) {
-      return tlse::impl::fused_scratch_bytes<T>(exec, {n, m, c, precision, budget}) > 0;
-    });
+    // The scratch of a backend's backward against the largest visiting block (the Hopper
+    // kernels' within the budget; none on the host).
     Vec<char> scratch("tlse::backward_scratch",
-                      tlse::impl::backward_scratch_bytes<T>(exec, {chunk, m, c, precision, budget}));
+                      tlse::impl::backward_scratch_bytes<T>(exec, {b, m, c, precision, budget}));
     typename Comm::Request early_text, early_lse, late;
     for (int k = 0; k < L.size; ++k) {
       const int cur = k % 2, nxt = 1 - cur, s = L.block_at(k);
@@ -310,43 +306,31 @@ struct ContrastiveRing {
         early_text = ring_step(comm, blocks[cur], blocks[nxt], stats);
         if (col) early_lse = ring_step(comm, lses[cur], lses[nxt], stats);
       }
-      bool arrived = k == 0;  // this block's dT accumulator, sent after the previous step
-      for (index_t first = 0; first < b; first += chunk) {
-        const index_t n = std::min(chunk, b - first);
-        {  // positives as columns of the visiting block, and as rows of this chunk
-          int *rt = row_target.data(), *ct = col_target.data();
-          Kokkos::parallel_for(
-              "tlse::ring_targets", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
-                const index_t lr = i < b ? mine[i] - off_s : -1, lc = i < bs ? theirs[i] - off_r - first : -1;
-                if (i < b) rt[i] = lr >= 0 && lr < bs ? int(lr) : -1;
-                ct[i] = lc >= 0 && lc < n ? int(lc) : -1;
-              });
-        }
-        // The chunk's dI += G T_s and dscale parts, and its share of the visiting block's dT: G^T I.
-        tlse::impl::BackwardRequest<T, Acc> r{};
-        r.prob = problem(blocks[cur].data(), bs, first, n);
-        if (row) r.row_terms = {row_lse + first, g_row.data() + first, row_target.data() + first, g_row.data() + first};
-        if (col) r.col_terms = {lses[cur].data(), g_col.data(), col_target.data(), g_col.data()};
-        r.grad_rows = dI ? dI_step.data() + first * c : nullptr;
-        r.grad_cols = want_dT ? dT_step.data() : nullptr;
-        r.dscale_part = dscale ? ds_part.data() + first : nullptr;
-        r.scratch = scratch.data();
-        r.scratch_bytes = scratch.size();
-        tlse::impl::lse_backward(exec, r);
-        if (want_dT) {
-          if (!arrived) {
-            timed_wait(exec, late, stats);
-            arrived = true;
-          }
-          add_into(grads[cur].data(), dT_step.data(), bs * c);
-        }
+      {  // positives as columns of the visiting block, and as rows of this rank
+        int *rt = row_target.data(), *ct = col_target.data();
+        Kokkos::parallel_for(
+            "tlse::ring_targets", Kokkos::RangePolicy<Exec>(exec, 0, m), KOKKOS_LAMBDA(index_t i) {
+              const index_t lr = i < b ? mine[i] - off_s : -1, lc = i < bs ? theirs[i] - off_r : -1;
+              if (i < b) rt[i] = lr >= 0 && lr < bs ? int(lr) : -1;
+              ct[i] = lc >= 0 && lc < b ? int(lc) : -1;
+            });
       }
+      // dI += G T_s and the dscale parts, and the visiting block's dT share: G^T I.
+      tlse::impl::BackwardRequest<T, Acc> r{};
+      r.prob = problem(blocks[cur].data(), bs);
+      if (row) r.row_terms = {row_lse, g_row.data(), row_target.data(), g_row.data()};
+      if (col) r.col_terms = {lses[cur].data(), g_col.data(), col_target.data(), g_col.data()};
+      r.grad_rows = dI ? dI_step.data() : nullptr;
+      r.grad_cols = want_dT ? dT_step.data() : nullptr;
+      r.dscale_part = dscale ? ds_part.data() : nullptr;
+      r.scratch = scratch.data();
+      r.scratch_bytes = scratch.size();
+      tlse::impl::lse_backward(exec, r);
+      if (want_dT && k > 0) timed_wait(exec, late, stats);  // this block's accumulator, sent after the previous step
+      if (want_dT) add_into(grads[cur].data(), dT_step.data(), bs * c);
       if (dscale) add_into(ds_acc.data(), ds_part.data(), b);
       if (dI) add_into(dI_acc.data(), dI_step.data(), b * c);
-      if (want_dT) {
-        if (!arrived) timed_wait(exec, late, stats);  // a rank without rows adds nothing
-        late = ring_step(comm, grads[cur], grads[nxt], stats);
-      }
+      if (want_dT) late = ring_step(comm, grads[cur], grads[nxt], stats);
       if (k + 1 < L.size) {
         timed_wait(exec, early_text, stats);
         if (col) timed_wait(exec, early_lse, stats);

@@ -49,21 +49,6 @@ typename Comm::Request ring_step(const Comm& comm, const V& send, const V& recv,
   return comm.ring_step(send, recv);
 }
 
-/// How many of a rank's `rows` one backward request takes: all of them when `takes(rows)` (a
-/// backend's backward plans that many within the call's budget), else the largest of rows / 2,
-/// rows / 4, ... (rounded up to whole tiles of 128 rows) that it takes; all of them when none
-/// is taken (the backend's other kernels, or the host's, then run every row at once).
-template <class Takes>
-index_t rows_per_request(index_t rows, const Takes& takes) {
-  constexpr index_t tile = 128;
-  if (rows <= tile || takes(rows)) return rows;
-  for (index_t half = rows / 2; half >= tile; half /= 2) {
-    const index_t r = (half + tile - 1) / tile * tile;
-    if (r < rows && takes(r)) return r;
-  }
-  return rows;
-}
-
 /// log(exp(a) + exp(b)), with -inf as the empty sum and NaN propagating.
 template <class Acc>
 KOKKOS_INLINE_FUNCTION Acc log_add(Acc a, Acc b) {

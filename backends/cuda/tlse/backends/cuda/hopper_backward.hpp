@@ -19,6 +19,9 @@
 // kernel writes G^T for dB = G^T A, which reads A^T (transposed once per call), and dA's products
 // read the columns transposed (per panel, or every column once for the two passes' row pass). The
 // transposes round to TF32, as G is rounded when stored.
+// Under a plan with K blocks (plan.row_blocks(), col_blocks()) each panel sweeps its rows (the row
+// panels their columns) a block at a time, and dB_panel (dA_panel) is summed over the blocks in
+// order in fp32 before it is rounded to T once; TF32 transposes each block's operand as it goes.
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
@@ -89,10 +92,22 @@ __global__ void iota_kernel(int* ids, index_t n) {
   for_each_index(n, [&](index_t i) { ids[i] = int(i); });
 }
 
-/// grad[i] = acc[i] (+ grad[i] with accumulate), rounded to T once.
+/// Row i / depth of acc into grad's row index[i / depth] (or i / depth): acc (+ grad with
+/// accumulate), rounded to T once.
 template <class T>
-__global__ void finish_rows_kernel(const float* acc, index_t n, T* grad, bool accumulate) {
-  for_each_index(n, [&](index_t i) { grad[i] = from_acc<T>(accumulate ? to_acc<float>(grad[i]) + acc[i] : acc[i]); });
+__global__ void finish_rows_kernel(const float* acc, index_t n, index_t depth, const int* index, T* grad,
+                                   bool accumulate) {
+  for_each_index(n, [&](index_t i) {
+    T& out = index ? grad[index_t(index[i / depth]) * depth + i % depth] : grad[i];
+    out = from_acc<T>(accumulate ? to_acc<float>(out) + acc[i] : acc[i]);
+  });
+}
+
+template <class T>
+void finish_rows(cudaStream_t stream, const float* acc, index_t rows, index_t depth, const int* index, T* grad,
+                 bool accumulate) {
+  finish_rows_kernel<T><<<grid_for(rows * depth), 256, 0, stream>>>(acc, rows * depth, depth, index, grad, accumulate);
+  check_launch("finish_rows_kernel");
 }
 
 struct LseBackwardHopper {
@@ -122,7 +137,9 @@ struct LseBackwardHopper {
     // The plan the scratch holds: the one scratch_bytes sized for the call's budget.
     const FusedBackwardPlan plan = FusedBackwardPlan::make(rows.count, prob.cols.count, prob.depth, r.scratch_bytes,
                                                            multiprocessors(device), sizeof(T));
-    if (!plan.fits) return false;
+    // A block's row sums of dL/dz * dot lie by position: rows with positions (an index) would need
+    // them for every position (no caller asks dscale of those).
+    if (!plan.fits || (plan.row_blocks() && rows.position && r.dscale_part)) return false;
     char* base = aligned_base(r.scratch);
     WorkspaceCarver carver(base);
     const FusedBackwardPlan::Buffers buf = plan.carve(carver);
@@ -134,10 +151,7 @@ struct LseBackwardHopper {
     // add into the rows' gradient they leave (the workspace serves one pass, then the other).
     if (want_rows && plan.two_passes()) row_panels<T>(stream, r, rows, plan, base);
     column_panels<T>(stream, r, rows, plan, buf, 0);
-    if (rows_in_acc) {
-      finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.acc, R * D, r.grad_rows, r.accumulate);
-      check_launch("finish_rows_kernel");
-    }
+    if (rows_in_acc) finish_rows(stream, buf.acc, R, D, nullptr, r.grad_rows, r.accumulate);
     return true;
   }
 
@@ -164,8 +178,11 @@ struct LseBackwardHopper {
     g.max_col_splits = FusedBackwardPlan::MAX_SWEEP_SPLITS;
     const bool filtered = g.filter_eps > 0.f && (g.G != nullptr || g.GT != nullptr);
     const T* B = prob.cols.data;
-    if (tf32 && want_cols)  // after the row panels, whose workspace this shares
-      transpose_tf32(stream, reinterpret_cast<const float*>(rows.data), rows.ld, R, D, buf.At, plan.ldgt());
+    const auto* A = static_cast<const T*>(rows.data);
+    const bool blocks = plan.row_blocks();
+    const RowParts parts = RowParts::of(stream, g, blocks ? buf.ids : nullptr, R);
+    if (tf32 && want_cols && !blocks)  // after the row panels, whose workspace this shares
+      transpose_tf32(stream, reinterpret_cast<const float*>(A), rows.ld, R, D, buf.At, plan.ldgt());
     for (index_t first = first_col; first < prob.cols.count; first += plan.panel) {
       const index_t width = std::min(plan.panel, prob.cols.count - first);
       // The panel's columns: in place, or gathered through the index (the panel is then the
@@ -186,52 +203,74 @@ struct LseBackwardHopper {
         transpose_tf32(stream, reinterpret_cast<const float*>(panel), D, width, D, buf.Bt, plan.ldg);
       const index_t mask_ld = (width + FusedBackwardPlan::TILE_N - 1) /
                               FusedBackwardPlan::TILE_N;  // the mask row, as tlse_hop_gradient lays it
-      g.row_dot_sums = r.dscale_part ? buf.row_dot : nullptr;
-      g.col_sums = r.dbias ? buf.col_sums : nullptr;
-      check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient");
-      if (r.dscale_part) {
-        add_row_sums_kernel<<<grid_for(prob.rows.count), 256, 0, stream>>>(buf.row_dot, int(g.col_splits),
-                                                                           prob.rows.count, r.dscale_part, first > 0);
-        check_launch("add_row_sums_kernel");
+      // Where dB_panel goes: the self-similarity form's fp32 accumulator, or in T onto the row
+      // panels' dA (its columns are its rows; rounded to T a second time), or the columns'
+      // gradient (through the vocabulary order). Under K blocks it is first summed over them in
+      // buf.panel_acc, but for the accumulator.
+      T* out = !want_cols        ? nullptr
+               : self            ? grad_rows + first * D
+               : prob.cols.index ? grad_cols
+                                 : grad_cols + first * D;
+      const int* out_index = self ? nullptr : prob.cols.index ? prob.cols.index + first : nullptr;
+      const bool out_accumulate = self || r.accumulate;
+      const bool panel_in_acc = want_cols && blocks && !(self && rows_in_acc);
+      for (index_t top = 0; top < R; top += plan.row_block) {
+        const index_t height = std::min(plan.row_block, R - top);
+        if (blocks) parts.select<T>(g, top, height);
+        const index_t top_tile = top / FusedBackwardPlan::TILE_M;
+        g.tile_mask = buf.mask + top_tile * mask_ld;
+        g.row_dot_sums = r.dscale_part ? buf.row_dot : nullptr;
+        g.col_sums = r.dbias ? buf.col_sums + top_tile * width : nullptr;
+        check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient");
+        if (r.dscale_part) {
+          const index_t n = blocks ? height : prob.rows.count;  // by position
+          add_row_sums_kernel<<<grid_for(n), 256, 0, stream>>>(buf.row_dot, int(g.col_splits), n, r.dscale_part + top,
+                                                               first > 0);
+          check_launch("add_row_sums_kernel");
+        }
+        const unsigned char* mask = filtered ? g.tile_mask : nullptr;
+        if (want_cols) {  // dB_panel (+)= G^T A
+          tlse_hop_product_args p =
+              product(plan, buf.G, plan.ldg, mask, mask_ld, buf.partials, plan.partial_floats(), plan.k_splits_cols);
+          p.mask_of_a_transposed = 1;
+          if (tf32) {
+            if (blocks)
+              transpose_tf32(stream, reinterpret_cast<const float*>(A + top * rows.ld), rows.ld, height, D, buf.At,
+                             plan.ldgt());
+            p.a = buf.GT, p.lda = plan.ldgt(), p.b = buf.At, p.ldb = plan.ldgt();
+          } else {
+            p.a_transposed = 1, p.b = A + top * rows.ld, p.ldb = D;
+          }
+          p.M = width, p.N = D, p.K = height;
+          if (self && rows_in_acc) {
+            p.out_f32 = buf.acc + first * D;
+            p.accumulate = 1;
+          } else if (panel_in_acc) {
+            p.out_f32 = buf.panel_acc;
+            p.accumulate = top > 0;
+          } else {
+            p.out = out, p.out_index = out_index, p.accumulate = out_accumulate;
+          }
+          check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
+        }
+        if (rows_in_acc) {  // acc += G B_panel
+          tlse_hop_product_args p =
+              product(plan, buf.G, plan.ldg, mask, mask_ld, buf.partials, plan.partial_floats(), plan.k_splits_rows);
+          if (tf32)
+            p.b = buf.Bt, p.ldb = plan.ldg;
+          else
+            p.b = panel, p.ldb = D;
+          p.M = height, p.N = D, p.K = width;
+          p.out_f32 = buf.acc + top * D;
+          p.accumulate = 1;
+          check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
+        }
       }
+      if (panel_in_acc) finish_rows(stream, buf.panel_acc, width, D, out_index, out, out_accumulate);
       if (r.dbias) {
         column_sums_kernel<T><<<grid_for(width), 256, 0, stream>>>(buf.col_sums, plan.row_tiles(), width,
                                                                    prob.cols.index, first, r.dbias, r.accumulate);
         check_launch("column_sums_kernel");
-      }
-      if (want_cols) {  // dB_panel = G^T A
-        tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
-                                          buf.partials, plan.partial_floats(), plan.k_splits_cols);
-        p.mask_of_a_transposed = 1;
-        if (tf32)
-          p.a = buf.GT, p.lda = plan.ldgt(), p.b = buf.At, p.ldb = plan.ldgt();
-        else
-          p.a_transposed = 1, p.b = rows.data, p.ldb = D;
-        p.M = width, p.N = D, p.K = R;
-        if (self && rows_in_acc) {
-          p.out_f32 = buf.acc + first * D;
-          p.accumulate = 1;
-        } else if (self) {  // two passes: onto the row panels' dA, rounded to T a second time
-          p.out = grad_rows + first * D;
-          p.accumulate = 1;
-        } else {
-          p.out = prob.cols.index ? static_cast<void*>(grad_cols) : static_cast<void*>(grad_cols + first * D);
-          p.out_index = prob.cols.index ? prob.cols.index + first : nullptr;
-          p.accumulate = r.accumulate;
-        }
-        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
-      }
-      if (rows_in_acc) {  // acc += G B_panel
-        tlse_hop_product_args p = product(plan, buf.G, plan.ldg, filtered ? buf.mask : nullptr, mask_ld,
-                                          buf.partials, plan.partial_floats(), plan.k_splits_rows);
-        if (tf32)
-          p.b = buf.Bt, p.ldb = plan.ldg;
-        else
-          p.b = panel, p.ldb = D;
-        p.M = R, p.N = D, p.K = width;
-        p.out_f32 = buf.acc;
-        p.accumulate = 1;
-        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows)");
       }
     }
   }
@@ -252,12 +291,53 @@ struct LseBackwardHopper {
     return g;
   }
 
+  /// A sweep over a part of the rows (a row panel, a K block) keeps their ids, so that the
+  /// softmax terms, targets and masks read as in the sweep of every row. Without the columns'
+  /// terms (whose targets are row ids) only the rows' own terms and the diagonal mask read them:
+  /// the part then passes as a side of its own, its terms from its first row on and the diagonal
+  /// moved as far, so that the tiles the diagonal does not meet keep the simple logit model
+  /// (through an index of ids every tile of the self-similarity form took the general one: 92
+  /// against 45 ms fwd+bwd at B=65536 c=512 bf16, H200 2026-11-28). Else the ids come through an
+  /// index, 0, 1, ... written once.
+  struct RowParts {
+    tlse_hop_side rows;
+    tlse_hop_terms terms;
+    std::int64_t diagonal = 0;
+    const int* ids = nullptr;  // null: the parts are sides of their own
+
+    /// The parts of g's rows; `ids` (rows of them) receives the index where one is needed and
+    /// the caller gives one (a caller that sweeps every row at once gives none).
+    static RowParts of(cudaStream_t stream, const tlse_hop_gradient_args& g, int* ids, index_t rows) {
+      RowParts p;
+      p.rows = g.rows, p.terms = g.row_terms, p.diagonal = g.logit.diagonal_offset;
+      if (ids && g.col_terms.g != nullptr) {
+        iota_kernel<<<grid_for(rows), 256, 0, stream>>>(ids, rows);
+        check_launch("iota_kernel");
+        p.ids = ids;
+      }
+      return p;
+    }
+    /// Points g's sweep at rows [first, first + count).
+    template <class T>
+    void select(tlse_hop_gradient_args& g, index_t first, index_t count) const {
+      g.rows.data = static_cast<const T*>(rows.data) + first * rows.ld;
+      g.rows.count = count;
+      if (ids) {
+        g.rows.index = ids + first;
+      } else {
+        g.rows.index = nullptr;
+        g.row_terms = shifted(terms, first);
+        g.logit.diagonal_offset = diagonal + first;
+      }
+      g.rows.position = rows.position ? rows.position + first : nullptr;
+    }
+  };
+
   /// The row side of the two passes: per panel of rows, G = the panel's rows against every
-  /// column (the rows keep their ids, so the softmax terms, targets and masks read as in the
-  /// sweep of every row), then the panel's dA = G B, complete. The columns are read in place,
-  /// in id order even where the call gives a vocabulary order (which only groups the columns
-  /// the filter skips): dA is the same sum in another fixed order. Its workspace reuses the
-  /// column panels'.
+  /// column (in blocks of plan.col_block), then the panel's dA = G B, complete (summed over the
+  /// blocks in fp32 first). The columns are read in place, in id order even where the call gives
+  /// a vocabulary order (which only groups the columns the filter skips): dA is the same sum in
+  /// another fixed order. Its workspace reuses the column panels'.
   template <class T>
   static void row_panels(cudaStream_t stream, const BackwardRequest<T, float>& r, const tlse_hop_side& rows,
                          const FusedBackwardPlan& plan, char* base) {
@@ -265,52 +345,43 @@ struct LseBackwardHopper {
     const FusedBackwardPlan::RowPanelBuffers buf = plan.carve_row_panels(carver);
     const index_t R = rows.count, C = r.prob.cols.count, D = r.prob.depth;
     tlse_hop_gradient_args g = gradient_args<T>(r, rows);
-    // A panel's rows have ids first + position. Without the columns' terms (whose targets are
-    // row ids) only the rows' own terms and the diagonal mask read them: the panel then passes
-    // as a side of its own, its terms from first on and the diagonal moved by first, so that the
-    // tiles the diagonal does not meet keep the simple logit model (through an index of ids every
-    // tile of the self-similarity form took the general one: 92 against 45 ms fwd+bwd at
-    // B=65536 c=512 bf16, H200 2026-11-28). Else the ids come through an index.
-    const bool own_ids = g.col_terms.g == nullptr;
-    const tlse_hop_terms terms = g.row_terms;
-    const std::int64_t diagonal = g.logit.diagonal_offset;
-    if (!own_ids) {
-      iota_kernel<<<grid_for(R), 256, 0, stream>>>(buf.ids, R);
-      check_launch("iota_kernel");
-    }
-    g.cols = tlse_hop_side{r.prob.cols.data, D, C, nullptr, nullptr, 0};
-    g.col_begin = 0, g.col_end = C;
+    const RowParts parts = RowParts::of(stream, g, buf.ids, R);
+    const auto* B = static_cast<const T*>(r.prob.cols.data);
+    g.cols = tlse_hop_side{B, D, C, nullptr, nullptr, 0};
     g.G = buf.G, g.ldg = plan.ldg_rows;
     g.tile_mask = buf.mask;
-    g.max_col_splits = C;  // few row tiles: the columns are split to fill the device
-    const bool filtered = g.filter_eps > 0.f;
-    const auto* A = static_cast<const T*>(rows.data);
-    if (plan.tf32())
-      transpose_tf32(stream, reinterpret_cast<const float*>(r.prob.cols.data), D, C, D, buf.Bt, plan.ldbt_all());
+    const bool filtered = g.filter_eps > 0.f, blocks = plan.col_blocks();
+    if (plan.tf32() && !blocks)
+      transpose_tf32(stream, reinterpret_cast<const float*>(B), D, C, D, buf.Bt, plan.ldg_rows);
     for (index_t first = 0; first < R; first += plan.row_panel) {
       const index_t height = std::min(plan.row_panel, R - first);
-      g.rows.data = A + first * rows.ld;
-      g.rows.count = height;
-      if (own_ids) {
-        g.rows.index = nullptr;
-        g.row_terms = shifted(terms, first);
-        g.logit.diagonal_offset = diagonal + first;
-      } else {
-        g.rows.index = buf.ids + first;
+      parts.select<T>(g, first, height);
+      for (index_t left = 0; left < C; left += plan.col_block) {
+        const index_t width = std::min(plan.col_block, C - left);
+        g.col_begin = left, g.col_end = left + width;
+        g.max_col_splits = width;  // few row tiles: the columns are split to fill the device
+        check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient (row panel)");
+        tlse_hop_product_args p = product(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
+                                          (width + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N,
+                                          buf.partials, plan.row_panel_partial_floats(), plan.k_splits_row_panel);
+        if (plan.tf32()) {
+          if (blocks)
+            transpose_tf32(stream, reinterpret_cast<const float*>(B + left * D), D, width, D, buf.Bt, plan.ldg_rows);
+          p.b = buf.Bt, p.ldb = plan.ldg_rows;
+        } else {
+          p.b = B + left * D, p.ldb = D;
+        }
+        p.M = height, p.N = D, p.K = width;
+        if (blocks) {
+          p.out_f32 = buf.rows_acc;
+          p.accumulate = left > 0;
+        } else {
+          p.out = r.grad_rows + first * D;
+          p.accumulate = r.accumulate;
+        }
+        check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (row panel)");
       }
-      g.rows.position = rows.position ? rows.position + first : nullptr;
-      check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient (row panel)");
-      tlse_hop_product_args p = product(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
-                                        (C + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N, buf.partials,
-                                        plan.row_panel_partial_floats(), plan.k_splits_row_panel);
-      if (plan.tf32())
-        p.b = buf.Bt, p.ldb = plan.ldbt_all();
-      else
-        p.b = r.prob.cols.data, p.ldb = D;
-      p.M = height, p.N = D, p.K = C;
-      p.out = r.grad_rows + first * D;
-      p.accumulate = r.accumulate;
-      check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (row panel)");
+      if (blocks) finish_rows(stream, buf.rows_acc, height, D, nullptr, r.grad_rows + first * D, r.accumulate);
     }
   }
 

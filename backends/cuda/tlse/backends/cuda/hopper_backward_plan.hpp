@@ -11,6 +11,12 @@
 // For float in TF32 (element 4) the same plans hold K-major copies besides, since wgmma reads TF32
 // operands K-major only: G^T for dB (K = rows), the inputs transposed (A^T for dB; B_panel^T, or
 // in the two passes B^T whole, for dA); G itself only where dA is summed from it.
+// Where no plan holds its arrays whole (they grow with the rows, or in the row pass with the
+// columns: contrastive B = 131072 in TF32 or 524288 in bf16 under 256 MiB), or where that lets the
+// two passes' panels widen enough to pay for it, the products whose K is that long take it in
+// blocks (row_block, col_block: halves, quarters, ... of the rows and columns), each block's G
+// recomputed and multiplied in turn and the products summed over the blocks in order in fp32:
+// the same flops and a fixed order, so still bitwise reproducible.
 // Host arithmetic only, so that the host suite checks it.
 #include <algorithm>
 #include <cstddef>
@@ -37,7 +43,12 @@ struct FusedBackwardPlan {
   /// of row_panel rows (a multiple of TILE_M, or every row) recomputed against every column into
   /// G (row_panel x ldg_rows), dA_panel = G B; then the column panels without dA.
   std::int64_t row_panel = 0, ldg_rows = 0;
-  int k_splits_row_panel = 1;                // of dA_panel = G B (K = cols)
+  int k_splits_row_panel = 1;  // of dA_panel = G B (K = col_block)
+  /// The K blocks (see the top): rows per block of the column panels' G and dB_panel = G^T A, and
+  /// columns per block of the row panels' G and dA_panel = G B; every row / column where make()
+  /// finds no reason for blocks. Multiples of TILE_M / TILE_N, so that a block's tiles are the
+  /// whole problem's.
+  std::int64_t row_block = 0, col_block = 0;
   std::size_t bytes = 0;                     // workspace of the plan
   bool fits = false;                         // within the budget
 
@@ -45,11 +56,11 @@ struct FusedBackwardPlan {
   std::int64_t panel_tiles() const { return (panel + TILE_N - 1) / TILE_N; }
   std::int64_t panels() const { return panel > 0 ? (cols + panel - 1) / panel : 0; }
   bool two_passes() const { return row_panel > 0; }
+  bool row_blocks() const { return row_block < rows; }
+  bool col_blocks() const { return col_block < cols; }
   bool tf32() const { return element == 4; }
   std::int64_t k_step() const { return 128 / element; }     // the products' K step: 128 bytes
-  std::int64_t ldgt() const { return (rows + 7) / 8 * 8; }  // of G^T and A^T (TF32)
-  /// Of B^T in the two passes' row pass (TF32): every column.
-  std::int64_t ldbt_all() const { return (cols + 7) / 8 * 8; }
+  std::int64_t ldgt() const { return (row_block + 7) / 8 * 8; }  // of G^T and A^T (TF32): a block of rows
 
   /// K splits of a product with an M x N output over K, as libtiledlse_hopper chooses them (one
   /// CTA per SM; a split costs two K steps of partial writes and sums): up to MAX_K_SPLITS when the
@@ -71,32 +82,36 @@ struct FusedBackwardPlan {
   /// shape; the two passes take no accumulator).
   struct Buffers {
     float* acc;           // rows x depth: dA, summed over the panels
-    char* G;              // rows x ldg elements (TF32 two passes: none, dB reads G^T)
+    char* G;              // row_block x ldg elements (TF32 two passes: none, dB reads G^T)
     unsigned char* mask;  // row tiles x panel tiles: the tiles gradient filtering kept
-    float* row_dot;       // MAX_SWEEP_SPLITS x rows: a panel's row sums of dL/dz * dot (dscale)
+    float* row_dot;       // MAX_SWEEP_SPLITS x row_block: a panel's row sums of dL/dz * dot (dscale)
     float* col_sums;      // row tiles x panel: a panel's column sums of dL/dz (dbias)
     char* panel_rows;     // panel x depth elements: the panel's columns gathered through the index
     float* GT;            // TF32: panel x ldgt, G^T
     float* At;            // TF32: depth x ldgt, the rows transposed (dB's K-major operand)
     float* Bt;            // TF32 with the accumulator: depth x ldg, the panel's columns transposed
+    float* panel_acc;     // with row blocks: panel x depth, dB_panel summed over the blocks
+    int* ids;             // with row blocks: rows, 0, 1, ... (the blocks' row ids, as in the row pass)
     float* partials;      // the products' K-split partials
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
     b.acc = c.take<float>(two_passes() ? 0 : rows * depth);
-    b.G = c.take<char>(tf32() && two_passes() ? 0 : rows * ldg * element);
+    b.G = c.take<char>(tf32() && two_passes() ? 0 : row_block * ldg * element);
     b.mask = c.take<unsigned char>(row_tiles() * panel_tiles());
-    b.row_dot = c.take<float>(MAX_SWEEP_SPLITS * rows);
+    b.row_dot = c.take<float>(MAX_SWEEP_SPLITS * row_block);
     b.col_sums = c.take<float>(row_tiles() * panel);
     b.panel_rows = c.take<char>(panel * depth * element);
     b.GT = c.take<float>(tf32() ? panel * ldgt() : 0);
     b.At = c.take<float>(tf32() ? depth * ldgt() : 0);
     b.Bt = c.take<float>(tf32() && !two_passes() ? depth * ldg : 0);
+    b.panel_acc = c.take<float>(row_blocks() ? panel * depth : 0);
+    b.ids = c.take<int>(row_blocks() ? rows : 0);
     b.partials = c.take<float>(partial_floats());
     return b;
   }
   std::int64_t partial_floats() const {
-    return std::max<std::int64_t>(k_splits_rows > 1 ? k_splits_rows * rows * depth : 0,
+    return std::max<std::int64_t>(k_splits_rows > 1 ? k_splits_rows * row_block * depth : 0,
                                   k_splits_cols > 1 ? k_splits_cols * panel * depth : 0);
   }
 
@@ -104,17 +119,19 @@ struct FusedBackwardPlan {
   /// panels' (one pass after the other): the plan takes the larger of the two.
   struct RowPanelBuffers {
     char* G;              // row_panel x ldg_rows elements
-    unsigned char* mask;  // row tiles of a panel x column tiles
+    unsigned char* mask;  // row tiles of a panel x column tiles of a block
     int* ids;             // rows: 0, 1, ..., the rows' ids as the gradient kernel reads them
-    float* Bt;            // TF32: depth x ldbt_all(), every column transposed (dA's K-major operand)
+    float* Bt;            // TF32: depth x ldg_rows, a block of columns transposed (dA's K-major operand)
+    float* rows_acc;      // with column blocks: row_panel x depth, dA_panel summed over the blocks
     float* partials;      // dA_panel's K-split partials
   };
   RowPanelBuffers carve_row_panels(WorkspaceCarver& c) const {
     RowPanelBuffers b;
     b.G = c.take<char>(row_panel * ldg_rows * element);
-    b.mask = c.take<unsigned char>((row_panel + TILE_M - 1) / TILE_M * ((cols + TILE_N - 1) / TILE_N));
+    b.mask = c.take<unsigned char>((row_panel + TILE_M - 1) / TILE_M * ((col_block + TILE_N - 1) / TILE_N));
     b.ids = c.take<int>(rows);
-    b.Bt = c.take<float>(tf32() ? depth * ldbt_all() : 0);
+    b.Bt = c.take<float>(tf32() ? depth * ldg_rows : 0);
+    b.rows_acc = c.take<float>(col_blocks() ? row_panel * depth : 0);
     b.partials = c.take<float>(row_panel_partial_floats());
     return b;
   }
@@ -128,19 +145,23 @@ struct FusedBackwardPlan {
   }
 
   /// The plan for `panel` columns per panel of operands of `element` bytes; with row_panel > 0,
-  /// the two passes with that many rows per row panel, their products split (split) or not.
+  /// the two passes with that many rows per row panel, their products split (split) or not; K
+  /// blocks of row_block rows and col_block columns (0: every row, every column).
   static FusedBackwardPlan with_panel(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel,
                                       int sms, std::int64_t row_panel = 0, bool split = true,
-                                      std::int64_t element = BF16_BYTES) {
+                                      std::int64_t element = BF16_BYTES, std::int64_t row_block = 0,
+                                      std::int64_t col_block = 0) {
     FusedBackwardPlan p;
     p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel, p.row_panel = row_panel;
     p.element = element;
+    p.row_block = row_block > 0 && row_block < rows ? row_block : rows;
+    p.col_block = col_block > 0 && col_block < cols ? col_block : cols;
     p.ldg = (panel + 7) / 8 * 8;
-    p.k_splits_rows = row_panel > 0 ? 1 : p.product_k_splits(rows, depth, panel, sms);
-    p.k_splits_cols = split ? p.product_k_splits(panel, depth, rows, sms) : 1;
+    p.k_splits_rows = row_panel > 0 ? 1 : p.product_k_splits(p.row_block, depth, panel, sms);
+    p.k_splits_cols = split ? p.product_k_splits(panel, depth, p.row_block, sms) : 1;
     if (row_panel > 0) {
-      p.ldg_rows = (cols + 7) / 8 * 8;
-      p.k_splits_row_panel = split ? p.product_k_splits(row_panel, depth, cols, sms) : 1;
+      p.ldg_rows = (p.col_block + 7) / 8 * 8;
+      p.k_splits_row_panel = split ? p.product_k_splits(row_panel, depth, p.col_block, sms) : 1;
     }
     WorkspaceCarver sizing;
     p.carve(sizing);
@@ -160,6 +181,13 @@ struct FusedBackwardPlan {
   static constexpr std::int64_t ACCUMULATE_STEPS = 36;
   /// A launch's start and drain, in K steps (a few microseconds per kernel).
   static constexpr std::int64_t LAUNCH_STEPS = 8;
+  /// Bytes HBM moves in one K step (about 0.75 us at 4 TB/s): what TF32's transpose of a block
+  /// (read and written, 8 bytes an element) costs in K steps. A model, not a measurement.
+  static constexpr std::int64_t BYTES_PER_STEP = std::int64_t(3) << 20;
+  /// The transpose of `count` operand rows that K blocks repeat (TF32 only), in K steps.
+  std::int64_t block_transpose_steps(std::int64_t count) const {
+    return tf32() ? count * depth * 8 / BYTES_PER_STEP : 0;
+  }
 
   /// The time of a product with `out_tiles` output tiles over `k_steps` K steps in `splits` K
   /// splits on `sms` SMs, in K steps of one CTA: waves times the steps of one unit (a split adds
@@ -170,19 +198,21 @@ struct FusedBackwardPlan {
     return waves * ((k_steps + splits - 1) / splits + (splits > 1 ? 2 : 0) + tile_overhead);
   }
 
-  /// Estimated time of the two products over every panel, in K steps of one CTA. The gradient
-  /// kernel's sweep costs about the same at any width and is left out. What a width changes is
-  /// how well dB's output tiles (panel / TILE_M x depth / TILE_N) fill the last wave, and how
-  /// often dA's accumulator is read and written.
+  /// Estimated time of the two products over every panel (and block of rows), in K steps of one
+  /// CTA. The gradient kernel's sweep costs about the same at any width and is left out. What a
+  /// width changes is how well dB's output tiles (panel / TILE_M x depth / TILE_N) fill the last
+  /// wave, and how often dA's accumulator (and with blocks dB's) is read and written.
   std::int64_t cost(int sms) const {
-    const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N, row_steps = (rows + k_step() - 1) / k_step();
-    const std::int64_t row_tiles_x_depth = row_tiles() * depth_tiles;
+    const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N;
     const auto panel_cost = [&](std::int64_t width) {
       const std::int64_t width_tiles = (width + TILE_M - 1) / TILE_M;
-      return product_steps(width_tiles * depth_tiles, row_steps, product_k_splits(width, depth, rows, sms), sms, 0) +
-             product_steps(row_tiles_x_depth, (width + k_step() - 1) / k_step(),
-                           product_k_splits(rows, depth, width, sms), sms, ACCUMULATE_STEPS) +
-             2 * LAUNCH_STEPS;
+      return over_panels(rows, row_block, [&](std::int64_t height) {
+        return product_steps(width_tiles * depth_tiles, (height + k_step() - 1) / k_step(),
+                             product_k_splits(width, depth, height, sms), sms, row_blocks() ? ACCUMULATE_STEPS : 0) +
+               product_steps((height + TILE_M - 1) / TILE_M * depth_tiles, (width + k_step() - 1) / k_step(),
+                             product_k_splits(height, depth, width, sms), sms, ACCUMULATE_STEPS) +
+               2 * LAUNCH_STEPS + (row_blocks() ? block_transpose_steps(height) : 0);
+      });
     };
     return over_panels(cols, panel, panel_cost);
   }
@@ -191,27 +221,41 @@ struct FusedBackwardPlan {
   /// panel (the recomputing sweeps cost the same at any width and are left out).
   std::int64_t two_pass_cost(int sms) const {
     const std::int64_t depth_tiles = (depth + TILE_N - 1) / TILE_N;
-    // A complete M x depth output over K, split at most `most_splits` ways.
-    const auto complete = [&](std::int64_t M, std::int64_t K, int most_splits) {
-      return product_steps((M + TILE_M - 1) / TILE_M * depth_tiles, (K + k_step() - 1) / k_step(),
-                           std::min(most_splits, product_k_splits(M, depth, K, sms)), sms, 0) +
-             2 * LAUNCH_STEPS;
+    // A complete M x depth output over K in blocks of `block`, split at most `most_splits` ways.
+    const auto complete = [&](std::int64_t M, std::int64_t K, std::int64_t block, int most_splits) {
+      return over_panels(K, block, [&](std::int64_t k) {
+        return product_steps((M + TILE_M - 1) / TILE_M * depth_tiles, (k + k_step() - 1) / k_step(),
+                             std::min(most_splits, product_k_splits(M, depth, k, sms)), sms,
+                             block < K ? ACCUMULATE_STEPS : 0) +
+               2 * LAUNCH_STEPS + (block < K ? block_transpose_steps(k) : 0);
+      });
     };
-    return over_panels(cols, panel, [&](std::int64_t width) { return complete(width, rows, k_splits_cols); }) +
-           over_panels(rows, row_panel, [&](std::int64_t height) { return complete(height, cols, k_splits_row_panel); });
+    return over_panels(cols, panel,
+                       [&](std::int64_t width) { return complete(width, rows, row_block, k_splits_cols); }) +
+           over_panels(rows, row_panel,
+                       [&](std::int64_t height) { return complete(height, cols, col_block, k_splits_row_panel); });
   }
 
   /// The panel (up to MAX_PANEL) whose workspace fits `budget` and whose cost() is least, the
   /// wider one on a tie. Where no panel of min_one_pass_panel() columns fits with the accumulator,
-  /// the two passes of least two_pass_cost() that fit, else the narrower one-pass panel; fits =
-  /// false (and the narrowest plan) when nothing does.
+  /// the two passes of least two_pass_cost() that fit, else the narrower one-pass panel. K blocks
+  /// (of half the rows and columns, a quarter, ... down to one tile) are weighed where the plan
+  /// without them is not one pass: among the two passes at every size of block the least costly
+  /// (the blocks let the panels widen), and where nothing fits without blocks, the plan of the
+  /// first kind above that fits with them, the least costly of that kind; fits = false (and the
+  /// narrowest plan) when nothing does.
   static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms,
                                 std::int64_t element = BF16_BYTES);
 
+  /// make()'s choice among the plans with K blocks of row_block rows and col_block columns.
+  static FusedBackwardPlan make_blocked(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget,
+                                        int sms, std::int64_t element, std::int64_t row_block, std::int64_t col_block);
+
   /// The two passes: the column panel and the row panel are chosen apart (they share the
   /// workspace one after the other), each the least costly that fits, split products first.
-  static FusedBackwardPlan make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
-                                           std::size_t budget, int sms, std::int64_t element = BF16_BYTES);
+  static FusedBackwardPlan make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget,
+                                           int sms, std::int64_t element = BF16_BYTES, std::int64_t row_block = 0,
+                                           std::int64_t col_block = 0);
 
   /// TF32's one-pass plans narrower than this many columns (unless that is every column) lose to
   /// its two passes, which cost() does not see: per panel the sweep writes G and G^T in fp32 and
@@ -244,6 +288,12 @@ struct FusedBackwardPlan {
     return std::min(most, n <= tile ? n : (n + tile - 1) / tile * tile);
   }
   static std::int64_t narrower(std::int64_t width, std::int64_t tile) { return width > tile ? width - tile : 0; }
+  /// K blocks of n rows or columns at halving `level`: all of them at 0, else n / 2^level rounded
+  /// up to whole tiles, at least one tile (and at most n).
+  static std::int64_t block_at(std::int64_t n, std::int64_t tile, int level) {
+    const std::int64_t part = level == 0 ? n : ((n - 1) >> level) + 1;
+    return std::min(n, std::max(tile, (part + tile - 1) / tile * tile));
+  }
   /// The sum of one(width) over the panels of n (the last one partial).
   template <class One>
   static std::int64_t over_panels(std::int64_t n, std::int64_t width, const One& one) {
@@ -267,31 +317,56 @@ struct FusedBackwardPlan::Cheapest {
 
 inline FusedBackwardPlan FusedBackwardPlan::make(std::int64_t rows, std::int64_t cols, std::int64_t depth,
                                                  std::size_t budget, int sms, std::int64_t element) {
+  const FusedBackwardPlan whole = make_blocked(rows, cols, depth, budget, sms, element, rows, cols);
+  if (whole.fits && !whole.two_passes()) return whole;
+  // The kinds in make_blocked's order of preference: one pass with wide panels, two passes, one
+  // pass with narrow panels; the plan of least cost within the best kind (blocks: the larger on a tie).
+  const std::int64_t wide = min_one_pass_panel(cols, element);
+  const auto kind = [&](const FusedBackwardPlan& p) { return !p.two_passes() ? (p.panel >= wide ? 0 : 2) : 1; };
+  const auto cost_of = [&](const FusedBackwardPlan& p) { return p.two_passes() ? p.two_pass_cost(sms) : p.cost(sms); };
+  FusedBackwardPlan best = whole;
+  for (int level = 1;; ++level) {
+    const std::int64_t row_block = block_at(rows, TILE_M, level), col_block = block_at(cols, TILE_N, level);
+    const FusedBackwardPlan p = whole.fits
+                                    ? make_two_passes(rows, cols, depth, budget, sms, element, row_block, col_block)
+                                    : make_blocked(rows, cols, depth, budget, sms, element, row_block, col_block);
+    if (p.fits && (!best.fits || kind(p) < kind(best) || (kind(p) == kind(best) && cost_of(p) < cost_of(best))))
+      best = p;
+    if (row_block <= TILE_M && col_block <= TILE_N) return best.fits ? best : p;
+  }
+}
+
+inline FusedBackwardPlan FusedBackwardPlan::make_blocked(std::int64_t rows, std::int64_t cols, std::int64_t depth,
+                                                         std::size_t budget, int sms, std::int64_t element,
+                                                         std::int64_t row_block, std::int64_t col_block) {
   const std::int64_t wide = min_one_pass_panel(cols, element);
   Cheapest wide_best, narrow_best;
   for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
     (panel >= wide ? wide_best : narrow_best)
-        .offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, 0, true, element), budget,
+        .offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, 0, true, element, row_block), budget,
                [&](const FusedBackwardPlan& p) { return p.cost(sms); });
   if (wide_best.plan.fits) return wide_best.plan;
-  const FusedBackwardPlan two = make_two_passes(rows, cols, depth, budget, sms, element);
+  const FusedBackwardPlan two = make_two_passes(rows, cols, depth, budget, sms, element, row_block, col_block);
   return two.fits || !narrow_best.plan.fits ? two : narrow_best.plan;
 }
 
 inline FusedBackwardPlan FusedBackwardPlan::make_two_passes(std::int64_t rows, std::int64_t cols, std::int64_t depth,
-                                                            std::size_t budget, int sms, std::int64_t element) {
+                                                            std::size_t budget, int sms, std::int64_t element,
+                                                            std::int64_t row_block, std::int64_t col_block) {
   const auto cost = [&](const FusedBackwardPlan& p) { return p.two_pass_cost(sms); };
   for (bool split : {true, false}) {
     // Columns first, with the narrowest row panel; then the row panel under that column panel.
     Cheapest columns;
     for (std::int64_t panel = widest(cols, TILE_N, MAX_PANEL); panel > 0; panel = narrower(panel, TILE_N))
-      columns.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split, element),
+      columns.offer(with_panel(rows, cols, depth, std::min(panel, cols), sms, std::min(rows, TILE_M), split, element,
+                               row_block, col_block),
                     budget, cost);
     if (!columns.plan.fits) continue;
     Cheapest best;
     for (std::int64_t height = widest(rows, TILE_M, MAX_ROW_PANEL); height > 0; height = narrower(height, TILE_M))
-      best.offer(with_panel(rows, cols, depth, columns.plan.panel, sms, std::min(height, rows), split, element), budget,
-                 cost);
+      best.offer(with_panel(rows, cols, depth, columns.plan.panel, sms, std::min(height, rows), split, element,
+                            row_block, col_block),
+                 budget, cost);
     if (best.plan.fits) return best.plan;
   }
   return with_panel(rows, cols, depth, std::min(TILE_N, cols), sms, 0, true, element);  // fits = false

@@ -284,10 +284,7 @@ struct LseStepHopper {
         check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
       }
     }
-    if (r.grad_cols && several) {
-      finish_rows_kernel<T><<<grid_for(V * D), 256, 0, stream>>>(buf.acc, V * D, r.grad_cols, r.accumulate);
-      check_launch("finish_rows_kernel");
-    }
+    if (r.grad_cols && several) finish_rows(stream, buf.acc, V, D, nullptr, r.grad_cols, r.accumulate);
     return true;
   }
 
@@ -367,8 +364,7 @@ struct LseStepHopper {
     b.grad_rows = r.grad_rows;
     b.grad_cols = r.grad_cols;
     LseBackwardHopper::column_panels<T>(stream, b, row_side, plan.panels, buf.panels, plan.kept);
-    finish_rows_kernel<T><<<grid_for(R * D), 256, 0, stream>>>(buf.panels.acc, R * D, r.grad_rows, false);
-    check_launch("finish_rows_kernel");
+    finish_rows(stream, buf.panels.acc, R, D, nullptr, r.grad_rows, false);
     return true;
   }
 
