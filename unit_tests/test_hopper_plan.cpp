@@ -193,6 +193,22 @@ TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {
   EXPECT_EQ(p.partial_floats(), std::int64_t(p.k_splits_cols) * 1024 * 512);
 }
 
+TEST(HopperPlan, KBlocksWeighBothKindsWithTheirSweeps) {
+  // Contrastive B = 65536 in TF32 at 160 MiB: nothing fits whole; one pass fits only with blocks of
+  // 512 rows (launch after launch of a few tiles: 434.8 ms fwd+bwd on an H200, 2026-11-28), the
+  // two passes with blocks of 8192 (91.7 ms). One pass saves a sweep, which total_cost() counts,
+  // and loses it many times over to its blocks.
+  const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 160 * MiB, H200_SMS, 4);
+  ASSERT_TRUE(p.fits);
+  EXPECT_TRUE(p.two_passes());
+  EXPECT_GE(p.row_block, 8192);
+  const FusedBackwardPlan one = FusedBackwardPlan::make_blocked(65536, 65536, 512, 160 * MiB, H200_SMS, 4, 512, 512);
+  ASSERT_TRUE(one.fits);
+  EXPECT_FALSE(one.two_passes());
+  EXPECT_LT(p.total_cost(H200_SMS), one.total_cost(H200_SMS));
+  EXPECT_EQ(p.total_cost(H200_SMS), p.two_pass_cost(H200_SMS) + 2 * p.sweep_steps(H200_SMS));
+}
+
 TEST(HopperPlan, Tf32HoldsTheKMajorCopies) {
   // Contrastive B = 65536, c = 512 in TF32: A^T alone is 128 MiB, the accumulator another 128:
   // under 256 MiB the two passes (B^T in the row pass, A^T and G^T in the column pass), in K blocks

@@ -217,6 +217,18 @@ struct FusedBackwardPlan {
     return over_panels(cols, panel, panel_cost);
   }
 
+  /// One sweep of the gradient kernel over every tile, in K steps of one CTA (a tile's logits
+  /// cost what a product's output tile of the same K costs).
+  std::int64_t sweep_steps(int sms) const {
+    const std::int64_t tiles = row_tiles() * ((cols + TILE_N - 1) / TILE_N);
+    return (tiles + sms - 1) / sms * ((depth + k_step() - 1) / k_step());
+  }
+  /// cost() or two_pass_cost() with the sweeps they leave out (one, or two): what plans of
+  /// either kind are compared by where they differ in blocks.
+  std::int64_t total_cost(int sms) const {
+    return two_passes() ? two_pass_cost(sms) + 2 * sweep_steps(sms) : cost(sms) + sweep_steps(sms);
+  }
+
   /// The two passes' products in K steps of one CTA, as cost(): dB per column panel, dA per row
   /// panel (the recomputing sweeps cost the same at any width and are left out).
   std::int64_t two_pass_cost(int sms) const {
@@ -241,9 +253,9 @@ struct FusedBackwardPlan {
   /// the two passes of least two_pass_cost() that fit, else the narrower one-pass panel. K blocks
   /// (of half the rows and columns, a quarter, ... down to one tile) are weighed where the plan
   /// without them is not one pass: among the two passes at every size of block the least costly
-  /// (the blocks let the panels widen), and where nothing fits without blocks, the plan of the
-  /// first kind above that fits with them, the least costly of that kind; fits = false (and the
-  /// narrowest plan) when nothing does.
+  /// (the blocks let the panels widen), and where nothing fits without blocks, the least
+  /// total_cost() among the plans of either kind with blocks (per size of block, make_blocked's
+  /// choice and the two passes); fits = false (and the narrowest plan) when nothing does.
   static FusedBackwardPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms,
                                 std::int64_t element = BF16_BYTES);
 
@@ -319,20 +331,19 @@ inline FusedBackwardPlan FusedBackwardPlan::make(std::int64_t rows, std::int64_t
                                                  std::size_t budget, int sms, std::int64_t element) {
   const FusedBackwardPlan whole = make_blocked(rows, cols, depth, budget, sms, element, rows, cols);
   if (whole.fits && !whole.two_passes()) return whole;
-  // The kinds in make_blocked's order of preference: one pass with wide panels, two passes, one
-  // pass with narrow panels; the plan of least cost within the best kind (blocks: the larger on a tie).
-  const std::int64_t wide = min_one_pass_panel(cols, element);
-  const auto kind = [&](const FusedBackwardPlan& p) { return !p.two_passes() ? (p.panel >= wide ? 0 : 2) : 1; };
-  const auto cost_of = [&](const FusedBackwardPlan& p) { return p.two_passes() ? p.two_pass_cost(sms) : p.cost(sms); };
-  FusedBackwardPlan best = whole;
+  // Against the whole two passes only other two passes (the same sweeps); where nothing fits
+  // whole, both kinds, with their sweeps (blocks: the larger on a tie).
+  const auto cost = [&](const FusedBackwardPlan& p) { return whole.fits ? p.two_pass_cost(sms) : p.total_cost(sms); };
+  FusedBackwardPlan best = whole, last = whole;
+  const auto offer = [&](const FusedBackwardPlan& p) {
+    last = p;
+    if (p.fits && (!best.fits || cost(p) < cost(best))) best = p;
+  };
   for (int level = 1;; ++level) {
     const std::int64_t row_block = block_at(rows, TILE_M, level), col_block = block_at(cols, TILE_N, level);
-    const FusedBackwardPlan p = whole.fits
-                                    ? make_two_passes(rows, cols, depth, budget, sms, element, row_block, col_block)
-                                    : make_blocked(rows, cols, depth, budget, sms, element, row_block, col_block);
-    if (p.fits && (!best.fits || kind(p) < kind(best) || (kind(p) == kind(best) && cost_of(p) < cost_of(best))))
-      best = p;
-    if (row_block <= TILE_M && col_block <= TILE_N) return best.fits ? best : p;
+    if (!whole.fits) offer(make_blocked(rows, cols, depth, budget, sms, element, row_block, col_block));
+    offer(make_two_passes(rows, cols, depth, budget, sms, element, row_block, col_block));
+    if (row_block <= TILE_M && col_block <= TILE_N) return best.fits ? best : last;
   }
 }
 
