@@ -144,7 +144,7 @@ TYPED_TEST(Contrastive, ExactFloatTileKernelShapes) {
 
 TYPED_TEST(Contrastive, BackwardInTwoPassesUnderASmallBudget) {
   TLSE_SEEDED(rng);
-  // On Hopper GPUs (bf16) 1 MiB does not hold the fused backward's 900 x 520 fp32 accumulator:
+  // On Hopper GPUs (bf16, fp16) 1 MiB does not hold the fused backward's 900 x 520 fp32 accumulator:
   // two passes, panels of columns then of rows (the last ones partial); the self-similarity
   // form adds its columns' gradient onto the row panels' dZ.
   auto o = with_scale(14.3);
@@ -157,7 +157,7 @@ TYPED_TEST(Contrastive, BackwardInKBlocksUnderATinyBudget) {
   if (tlse::impl::is_host_space<typename TypeParam::Exec>())
     GTEST_SKIP() << "the host's backward plans no budget: the other cases cover its kernels";
   TLSE_SEEDED(rng);
-  // On Hopper GPUs (bf16) 320 KiB holds the two passes of 1501 rows only with K blocks (H200:
+  // On Hopper GPUs (bf16, fp16) 320 KiB holds the two passes of 1501 rows only with K blocks (H200:
   // column panels over blocks of 256 rows, row panels over blocks of 256 columns, the last ones
   // partial): dB_panel and dA_panel summed over the blocks in fp32, dscale's row sums a block at a
   // time; the self-similarity form adds its summed column products onto the row panels' dZ.

@@ -315,7 +315,7 @@ TYPED_TEST(CrossEntropy, TrainingStepKeepsAPartOfTheColumns) {
 
 TYPED_TEST(CrossEntropy, BackwardInTwoPassesUnderASmallBudget) {
   TLSE_SEEDED(rng);
-  // On Hopper GPUs (bf16) 1 MiB does not hold the fused backward's 700 x 520 fp32 accumulator:
+  // On Hopper GPUs (bf16, fp16) 1 MiB does not hold the fused backward's 700 x 520 fp32 accumulator:
   // the backward runs in two passes (row panels against every column in id order, then column
   // panels in the forward's vocabulary order), here with ignored rows, clustered classes (whole
   // tiles filtered in both passes) and, exact, with a bias. Elsewhere: the same calls on the
@@ -335,7 +335,7 @@ TYPED_TEST(CrossEntropy, BackwardInKBlocksUnderATinyBudget) {
   if (tlse::impl::is_host_space<typename TypeParam::Exec>())
     GTEST_SKIP() << "the host's backward plans no budget: the other cases cover its kernels";
   TLSE_SEEDED(rng);
-  // On Hopper GPUs (bf16) 416 KiB holds the two passes of 700 rows x 1500 classes x 136 only with
+  // On Hopper GPUs (bf16, fp16) 416 KiB holds the two passes of 700 rows x 1500 classes x 136 only with
   // K blocks (H200: column panels over blocks of 256 rows, row panels over blocks of 512 classes),
   // and 1 MiB those of 700 x 6000 x 64 (blocks of 384 rows and of 3072 classes: each column
   // panel's dC summed over two blocks in fp32 and written through the vocabulary order); with

@@ -80,10 +80,14 @@ TEST(HopperPlan, BudgetWithoutTheAccumulatorTakesTwoPasses) {
     EXPECT_EQ(p.ldg_rows % 8, 0);
     EXPECT_GE(p.ldg_rows, p.col_block);
     EXPECT_EQ(p.k_splits_rows, 1);  // no accumulator product
-    // The two passes carve from the same base: the plan takes the larger.
+    // The two passes carve from the same base: the plan takes the larger, and both find fp16's
+    // factor of G, computed once before the row panels, at the same place.
     tlse::impl::WorkspaceCarver columns;
     p.carve(columns);
     EXPECT_EQ(p.bytes, std::max(columns.bytes(), p.row_panel_bytes()));
+    char* base = reinterpret_cast<char*>(std::uintptr_t(1) << 20);
+    tlse::impl::WorkspaceCarver column_side(base), row_side(base);
+    EXPECT_EQ(p.carve(column_side).factor, p.carve_row_panels(row_side).factor);
     // No row panel that fits under the same column panel costs less.
     for (std::int64_t h = FusedBackwardPlan::TILE_M; h <= std::min(c.rows, FusedBackwardPlan::MAX_ROW_PANEL);
          h += FusedBackwardPlan::TILE_M) {

@@ -10,9 +10,9 @@
  *     columns (contrastive) and the column logit sums (vocabulary sorting);
  *   - tlse_hop_gradient: a panel of G = scale * dL/dx (the backward's recomputed tiles), with the
  *     row sums (dscale), column sums (dbias) and the per-tile filtering mask;
- *   - tlse_hop_product: out (+)= A x B for the backward's two products (bf16: either operand may
- *     be stored transposed; TF32: both K-major, since wgmma reads TF32 K-major only), skipping the
- *     K steps that gradient filtering removed.
+ *   - tlse_hop_product: out (+)= A x B for the backward's two products (bf16 and fp16: either
+ *     operand may be stored transposed; TF32: both K-major, since wgmma reads TF32 K-major only),
+ *     skipping the K steps that gradient filtering removed.
  * Every call is deterministic (no atomics; fixed-order reductions) and only enqueues work on the
  * given stream. Each returns 0 or a TLSE_HOP_E* code; tlse_hop_error_string names the problem.
  *
@@ -128,14 +128,15 @@ typedef struct {
 } tlse_hop_terms;
 
 /** Gradient panel: columns [col_begin, col_end) of the cols side against every row. Writes
- * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (TF32: float rounded to TF32)
- * and/or (TF32) its transpose GT[(col - col_begin) * ldgt + row], tiles left unwritten where
+ * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (TF32: float rounded to TF32),
+ * times *g_factor where given, and/or (TF32) its transpose GT[(col - col_begin) * ldgt + row]
+ * (the same), tiles left unwritten where
  * filtered; tile_mask[row tile][panel column tile] = 0 where every softmax entry of the 128 x 256
  * tile is below filter_eps and it holds no target, 1 otherwise. TMA stores G and GT and writes a
  * line's last 16-byte chunk whole: the elements past the panel width (G) or the rows (GT) up to the
  * next 16 bytes, within ldg / ldgt, get zeros. */
 typedef struct {
-  int32_t dtype;              /**< TLSE_HOP_BF16 or TLSE_HOP_TF32 (fp16 cannot hold G unscaled) */
+  int32_t dtype;              /**< TLSE_HOP_BF16, TLSE_HOP_FP16 (with g_factor) or TLSE_HOP_TF32 */
   tlse_hop_side rows;         /**< the rows of the implicit matrix */
   tlse_hop_side cols;         /**< its columns */
   int64_t depth;              /**< elements of a row of either side */
@@ -147,8 +148,11 @@ typedef struct {
   int64_t col_end;            /**< one past its last */
   void* G;                    /**< NULL: no gradient rows wanted (only the sums) */
   int64_t ldg;                /**< elements from a row of G to the next */
-  void* GT;                   /**< NULL: no transpose wanted (TLSE_HOP_TF32 only: bf16 products read G transposed) */
+  void* GT;                   /**< NULL: no transpose wanted (TLSE_HOP_TF32 only: 16-bit products read G transposed) */
   int64_t ldgt;               /**< elements from a row of GT to the next */
+  const float* g_factor;      /**< device float G and GT are stored times (not the sums), or NULL: 1. fp16
+                                   needs one (entries like p / N fall below its range): a power of two
+                                   that puts the largest |G| near 2^14, undone by the products' out_factor */
   uint8_t* tile_mask;         /**< [row tile][panel column tile]: 0 where filtered */
   float* row_dot_sums;        /**< [split y][rows positions]: sum over the split's columns of dL/dz * dot; or NULL */
   float* col_sums;            /**< [row tile][col_end - col_begin]: sum over the tile's rows of dL/dz; or NULL */
@@ -157,19 +161,20 @@ typedef struct {
 } tlse_hop_gradient_args;
 
 /** out = A (M x K) times B (K x N), fp32 accumulation. A(m, k) is a[m * lda + k], or a[k * lda + m]
- * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. bf16 takes
- * b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). With a
+ * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. bf16 and fp16
+ * take b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). With a
  * mask (a gradient panel's tile_mask, mask_ld columns), K steps of a G tile the panel filtered are
  * skipped: G is operand A, as stored (mask_of_a_transposed = 0: mask[m / 128][k / 256]) or
  * transposed (1: mask[k / 128][m / 256]).
- * With row_scale, acc of row m is row_scale[m] * acc (0 where row_scale[m] == 0, whatever acc).
+ * With row_scale, acc of row m is row_scale[m] * acc (0 where row_scale[m] == 0, whatever acc);
+ * with out_factor, every row's acc is also multiplied by *out_factor.
  * Output, one of:
  *   out_f32 (ldo): out_f32[m * ldo + n] = (accumulate ? out_f32[..] : 0) + acc;
  *   out (ldo, the input type): row out_index[m] (or m): out[row * ldo + n] = T((accumulate ? out : 0) + acc).
  * K is split into at most max_k_splits fixed-order pieces when the output has too few tiles to
  * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace). */
 typedef struct {
-  int32_t dtype;                /**< TLSE_HOP_BF16 or TLSE_HOP_TF32 */
+  int32_t dtype;                /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
   const void* a;                /**< operand A */
   int64_t lda;                  /**< elements from a row of `a` to the next, as stored */
   int32_t a_transposed;         /**< 1: A(m, k) is a[k * lda + m] */
@@ -183,6 +188,7 @@ typedef struct {
   int64_t mask_ld;              /**< the mask's columns */
   int32_t mask_of_a_transposed; /**< 1: the mask is of G stored transposed (see above) */
   const float* row_scale;       /**< M factors, or NULL */
+  const float* out_factor;      /**< a device float every row is multiplied by, or NULL */
   float* out_f32;               /**< the output in fp32, or NULL */
   void* out;                    /**< the output in the input type, or NULL */
   const int32_t* out_index;     /**< out's row of product row m (out only), or NULL: m */

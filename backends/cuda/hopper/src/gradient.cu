@@ -1,4 +1,5 @@
-// tlse_hop_gradient: a panel of G = scale * dL/dx (mainloop + GradientEpilogue), bf16 and TF32.
+// tlse_hop_gradient: a panel of G = scale * dL/dx (mainloop + GradientEpilogue), bf16, fp16 (times
+// g_factor) and TF32.
 #include "gradient_epilogue.cuh"
 #include "launch.cuh"
 
@@ -29,6 +30,7 @@ int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   e.filter_eps = a.filter_eps;
   e.col_begin = a.col_begin, e.col_end = a.col_end;
   e.G = static_cast<Input*>(a.G), e.GT = static_cast<Input*>(a.GT);
+  e.g_factor = a.g_factor;
   constexpr CUtensorMapDataType type = StagedStore::type_of<Input>();
   if (a.G)
     if (int error = StagedStore::describe("tlse_hop_gradient: G", e.g_map, type, a.G, a.rows.count, width, a.ldg))
@@ -50,10 +52,7 @@ using namespace tlse::hopper;
 extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
   static constexpr const char* call = "tlse_hop_gradient";
   if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
-  // fp16 cannot hold G unscaled (entries like p / N underflow it): it takes the two-pass backward.
-  if (a->dtype != TLSE_HOP_BF16 && a->dtype != TLSE_HOP_TF32)
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 and TLSE_HOP_TF32 are built");
-  const auto checked = [&](auto input) {
+  return with_input_type(a->dtype, call, [&](auto input) {
     using Input = decltype(input);
     const int elem = int(sizeof(Input));
     if (int e = check_operand(call, "rows", a->rows.data, a->rows.count, a->depth, a->rows.ld, elem)) return e;
@@ -67,7 +66,7 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
                   std::string(call) + ": G must be 16-byte aligned with ldg >= the panel width, a multiple of 8");
     if (a->GT && a->dtype != TLSE_HOP_TF32)
       return fail(TLSE_HOP_E_ARGUMENT,
-                  std::string(call) + ": GT is written for TLSE_HOP_TF32 only (bf16 products read G transposed)");
+                  std::string(call) + ": GT is written for TLSE_HOP_TF32 only (16-bit products read G transposed)");
     if (a->GT && (a->ldgt < a->rows.count || a->ldgt % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->GT) % 16))
       return fail(TLSE_HOP_E_ARGUMENT,
                   std::string(call) + ": GT must be 16-byte aligned with ldgt >= the rows, a multiple of 8");
@@ -88,6 +87,5 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
       return run_gradient<Input, false, false, false, true>(*a, s);
     if (!simple) return run_gradient<Input, true, true>(*a, s);
     return a->filter_eps > 0.f ? run_gradient<Input, false, true>(*a, s) : run_gradient<Input, false, false>(*a, s);
-  };
-  return a->dtype == TLSE_HOP_TF32 ? checked(float{}) : checked(cutlass::bfloat16_t{});
+  });
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Epilogue of the gradient panel: each recomputed tile of logits becomes dL/dz from the saved
 // LSEs (the row side's softmax terms and, for the contrastive loss, the column side's), and
-// G = scale * dL/dx is stored in the input type for the two products that follow (for TF32 as
+// G = scale * dL/dx is stored in the input type for the two products that follow (fp16 times a
+// power of two, g_factor, since entries like p / N fall below its range; for TF32 as
 // float rounded to TF32, and also transposed, G^T, since wgmma reads TF32 operands K-major only and
 // the two products take G with K along the columns and along the rows). From the same
 // values: per row the sum of dL/dz * dot (dscale; the quad merges it when the row tile is done),
@@ -23,6 +24,7 @@ struct GradientParams {
   T* G;   // G[row * ldg + col - col_begin], or nullptr
   T* GT;  // G^T: GT[(col - col_begin) * ldgt + row], or nullptr (TF32 only)
   CUtensorMap g_map, gt_map;  // their tensor maps (StagedStore::describe), where they are set
+  const float* g_factor;      // G and G^T are stored times *g_factor (fp16's power of two), or nullptr: 1
   uint8_t* tile_mask;
   int64_t mask_ld;
   float* row_dot_sums;
@@ -303,10 +305,16 @@ struct GradientEpilogue {
     }
   }
 
+  /// What dL/dz is multiplied by as it is stored: the logit scale (G = dL/dx), times fp16's factor
+  /// (the sums above take dL/dz unscaled).
+  __device__ __forceinline__ float stored_scale() const {
+    return p.g_factor ? p.logit.scale * *p.g_factor : p.logit.scale;
+  }
+
   /// G = scale * dL/dz in the input type, through StagedStore, a row per line.
   template <class Acc>
   __device__ void store(const Acc& acc, const Fragment& c, int m, int n) {
-    const float scale = p.logit.scale;
+    const float scale = stored_scale();
     StagedStore::put_rows<T>(s.staged, ct >> 5, ct & 31, p.g_map, m, n, c, [&](int r, int j) {
       const float v = Fragment::at(acc, r, j) * scale;
       if constexpr (std::is_same_v<T, float>)
@@ -320,7 +328,7 @@ struct GradientEpilogue {
   /// column per line of its 16 rows (fragment columns 4k to 4k + 3 of the thread).
   template <class Acc>
   __device__ void store_transposed(const Acc& acc, const Fragment& c, int m, int n) {
-    const float scale = p.logit.scale;
+    const float scale = stored_scale();
     const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
     for (int k = 0; k < TILE_N / LINES; ++k) {

@@ -1,5 +1,5 @@
-// tlse_hop_product: the backward's products (mainloop + ProductEpilogue). bf16: G as operand A
-// stored (dA += G B) or transposed (dB = G^T A), the other operand rows-contiguous (K x N). TF32:
+// tlse_hop_product: the backward's products (mainloop + ProductEpilogue). bf16 and fp16: G as
+// operand A stored (dA += G B) or transposed (dB = G^T A), the other operand rows-contiguous (K x N). TF32:
 // both operands K-major (the caller passes G^T and the transposed inputs), wgmma's only TF32 form.
 // Without a tile mask, pairs of CTAs (clusters along M) share the loads of B (TileConfig).
 #include "launch.cuh"
@@ -47,7 +47,7 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   ProductParams<Input> e;
   e.M = a.M, e.N = a.N;
   e.mask = a.mask, e.mask_ld = a.mask_ld, e.mask_of_a_transposed = a.mask_of_a_transposed != 0;
-  e.row_scale = a.row_scale;
+  e.row_scale = a.row_scale, e.out_factor = a.out_factor;
   e.k_step = Config::BK;
   e.out_f32 = a.out_f32, e.out = static_cast<Input*>(a.out), e.out_index = a.out_index, e.ldo = a.ldo;
   e.accumulate = a.accumulate != 0;
@@ -96,7 +96,7 @@ using namespace tlse::hopper;
 
 extern "C" size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits,
                                              int device) {
-  if ((dtype != TLSE_HOP_BF16 && dtype != TLSE_HOP_TF32) || M < 1 || N < 1 || K < 1) return 0;
+  if ((dtype != TLSE_HOP_BF16 && dtype != TLSE_HOP_FP16 && dtype != TLSE_HOP_TF32) || M < 1 || N < 1 || K < 1) return 0;
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
   const int64_t k_step = dtype == TLSE_HOP_TF32 ? 32 : 64;  // 128 bytes of depth per stage
@@ -108,14 +108,15 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
   static constexpr const char* call = "tlse_hop_product";
   if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
   const bool tf32 = a->dtype == TLSE_HOP_TF32;
-  if (a->dtype != TLSE_HOP_BF16 && !tf32)
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": only TLSE_HOP_BF16 and TLSE_HOP_TF32 are built");
+  if (a->dtype != TLSE_HOP_BF16 && a->dtype != TLSE_HOP_FP16 && !tf32)
+    return fail(TLSE_HOP_E_ARGUMENT,
+                std::string(call) + ": dtype " + std::to_string(a->dtype) + " is not a TLSE_HOP_* type");
   if (tf32 && (a->a_transposed || a->b_transposed))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
                                          ": TF32 operands must be K-major (a_transposed = b_transposed = 0): "
                                          "wgmma reads TF32 from shared memory K-major only");
   if (!tf32 && !a->b_transposed)
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": bf16 B must be stored transposed (K x N rows)");
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": 16-bit B must be stored transposed (K x N rows)");
   const int elem = tf32 ? 4 : 2;
   const int64_t a_rows = a->a_transposed ? a->K : a->M, a_depth = a->a_transposed ? a->M : a->K;
   const int64_t b_rows = a->b_transposed ? a->K : a->N, b_depth = a->b_transposed ? a->N : a->K;
@@ -127,14 +128,18 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": N and ldo must be even, ldo >= N");
   if (a->max_k_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_k_splits must be >= 1");
   const auto s = static_cast<cudaStream_t>(stream);
-  using Bf16 = cutlass::bfloat16_t;
   // Pairs of CTAs share their B tiles where every K step is kept (TileConfig, ClusterPlace); with a
   // tile mask, the two row tiles of a pair keep different steps (in cross-entropy, few and apart:
   // walking the steps either keeps made the backward at 256 MiB 5% slower on an H100).
   const auto run = [&](auto cluster) {
     constexpr int c = decltype(cluster)::value;
-    if (tf32) return run_product<float, false, false, c>(*a, s);
-    return a->a_transposed ? run_product<Bf16, true, true, c>(*a, s) : run_product<Bf16, false, true, c>(*a, s);
+    return with_input_type(a->dtype, call, [&](auto input) {
+      using Input = decltype(input);
+      if constexpr (std::is_same_v<Input, float>)
+        return run_product<float, false, false, c>(*a, s);
+      else
+        return a->a_transposed ? run_product<Input, true, true, c>(*a, s) : run_product<Input, false, true, c>(*a, s);
+    });
   };
   return a->mask ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, PRODUCT_CLUSTER_M>{});
 }

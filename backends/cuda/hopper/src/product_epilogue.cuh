@@ -4,7 +4,8 @@
 // accumulate), or, when K is split, to that split's fp32 partial for split_reduce_kernel. The K
 // steps of G tiles that gradient filtering removed are skipped (keep), in the mainloop's producer
 // and consumers alike. A row scale multiplies each row of the tile first (the training step's
-// dA = diag(c) E B, E its kept exponentials).
+// dA = diag(c) E B, E its kept exponentials), and an output factor every row (fp16: undoes G's
+// g_factor).
 #include "kernel.cuh"
 #include "logit_model.cuh"
 #include "staged_store.cuh"
@@ -17,7 +18,8 @@ struct ProductParams {
   const uint8_t* mask;
   int64_t mask_ld;
   bool mask_of_a_transposed;
-  const float* row_scale;  // by row of A x B, or nullptr
+  const float* row_scale;   // by row of A x B, or nullptr
+  const float* out_factor;  // one factor for every row, or nullptr
   int k_step;              // elements of K per mainloop step
   float* out_f32;
   T* out;
@@ -28,7 +30,7 @@ struct ProductParams {
   CUtensorMap out_map;  // ProductStore::Staged: out (M x N, ldo); StagedPartials: the partials' layers
 };
 
-/// The output row that product row m goes to (through the row index of a bf16 output).
+/// The output row that product row m goes to (through the row index of an output in the input type).
 template <class T>
 __device__ __forceinline__ int64_t output_row(const ProductParams<T>& p, int64_t m) {
   return p.out_f32 || !p.out_index ? m : int64_t(p.out_index[m]);
@@ -76,7 +78,7 @@ struct ProductEpilogue {
   SharedStorage& s;
 
   int ct;
-  float row_factor[Fragment::ROWS];  // with a row scale: the factors of the thread's rows of the tile
+  float row_factor[Fragment::ROWS];  // with a row scale or factor: the factors of the thread's rows of the tile
 
   __device__ ProductEpilogue(const Params& params, SharedStorage& storage, int consumer_thread)
       : p(params), s(storage), ct(consumer_thread) {}
@@ -89,16 +91,20 @@ struct ProductEpilogue {
                                   : p.mask[(m0 / TILE_M) * p.mask_ld + k0 / TILE_N] != 0;
   }
 
-  /// The row scale's factors of the thread's rows of row tile m, loaded before its products.
+  __device__ bool scaled() const { return p.row_scale || p.out_factor; }
+
+  /// The factors of the thread's rows of row tile m (row scale times output factor), loaded
+  /// before its products.
   __device__ void begin_row(const Fragment& c, const WorkUnit&, int m) {
-    if (!p.row_scale) return;
+    if (!scaled()) return;
+    const float all = p.out_factor ? *p.out_factor : 1.f;
 #pragma unroll
     for (int r = 0; r < Fragment::ROWS; ++r) {
       const int64_t row = int64_t(m) * TILE_M + c.row(r);
-      row_factor[r] = row < p.M ? p.row_scale[row] : 0.f;
+      row_factor[r] = row >= p.M ? 0.f : p.row_scale ? p.row_scale[row] * all : all;
     }
   }
-  /// Before tile (m, n)'s products: the output tile a bf16 accumulating epilogue will read is
+  /// Before tile (m, n)'s products: the output tile an accumulating epilogue will read is
   /// brought into L2 (two consumer threads per row, 128-byte lines), so that its reads after the
   /// products wait on L2 rather than on HBM, where every CTA's epilogue lands at once.
   __device__ void prefetch(const WorkUnit&, int m, int n) {
@@ -122,7 +128,7 @@ struct ProductEpilogue {
   template <class Acc>
   __device__ void tile(Acc& acc, const Fragment& c, const WorkUnit& w, int m, int n) {
     const int64_t m0 = int64_t(m) * TILE_M, n0 = int64_t(n) * TILE_N;
-    if (p.row_scale)
+    if (scaled())
 #pragma unroll
       for (int r = 0; r < Fragment::ROWS; ++r)
 #pragma unroll

@@ -416,15 +416,17 @@ struct GeneralModel {
 };
 
 /// Backward: the gradient panel (G, and G^T for TF32), its sums and mask, then the two products
-/// as the backward runs them: bf16 reads G transposed and the inputs as stored, TF32 reads G^T and
-/// transposed copies of the inputs (made exact in TF32, so that the reference multiplies what the
-/// tensor cores do). The tolerance counts G's rounding (bf16 2^-9, TF32 2^-11) and the fp32 sums,
-/// as u times the sum of |terms|. both: the columns' softmax terms too (the contrastive loss).
+/// as the backward runs them: bf16 and fp16 read G transposed and the inputs as stored, TF32 reads
+/// G^T and transposed copies of the inputs (made exact in TF32, so that the reference multiplies
+/// what the tensor cores do). fp16 stores G times a power of two that puts the bound of |G| at
+/// 2^14 (g_factor) and the products undo it (out_factor), as the library does. The tolerance
+/// counts G's rounding (bf16 2^-9, fp16 2^-11, TF32 2^-11) and the fp32 sums, as u times the sum
+/// of |terms|. both: the columns' softmax terms too (the contrastive loss).
 /// model: the rows' terms under that logit model (GeneralModel; the general one's columns the
 /// kernel reads per tile from shared memory that it shares with the column sums).
 void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begin, int64_t col_end, double filter_eps,
                     bool both = false, Model kind = Model::simple) {
-  const bool tf32 = dtype == TLSE_HOP_TF32;
+  const bool tf32 = dtype == TLSE_HOP_TF32, fp16 = dtype == TLSE_HOP_FP16;
   const int elem = tf32 ? 4 : 2;
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(1.0), B.fill(4.0 / std::sqrt(double(D)));
@@ -479,6 +481,14 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   for (int64_t j = 0; j < C; ++j) ids[size_t(j)] = int32_t(model.id(j));
   int32_t* d_ids = up(ids);
   void* d_bias = model.kind == Model::general ? model.bias.device() : nullptr;
+  // fp16: G's factor and its inverse, from the largest |G| the terms allow (|dx/dz| <= 1).
+  double g_bound = 0;
+  for (int64_t i = 0; i < R; ++i) g_bound = std::max(g_bound, double(std::fabs(g[i]) + std::fabs(w[i])));
+  if (both) g_bound += 2.0 / double(C);
+  int g_exp = 0;
+  std::frexp(g_bound * std::fabs(scale), &g_exp);
+  const double factor = fp16 ? std::ldexp(1.0, 14 - g_exp) : 1.0;
+  float* d_factor = up(std::vector<float>{float(factor), float(1.0 / factor)});
   const int64_t ldgt = (R + 7) / 8 * 8;
   void *G = nullptr, *GT = nullptr;
   CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
@@ -508,10 +518,11 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   a.GT = GT, a.ldgt = ldgt;
   a.row_dot_sums = row_dot, a.col_sums = col_sums;
   a.max_col_splits = 16;
-  const std::string name = std::string(tf32 ? "tf32 " : "bf16 ") + "backward " + std::to_string(R) + "x" +
-                           std::to_string(C) + "x" + std::to_string(D) + " panel [" + std::to_string(col_begin) + "," +
-                           std::to_string(col_end) + ") eps " + std::to_string(filter_eps) +
-                           (both ? " both sides" : "") +
+  a.g_factor = fp16 ? d_factor : nullptr;
+  const char* type = tf32 ? "tf32 " : fp16 ? "fp16 " : "bf16 ";
+  const std::string name = type + std::string("backward ") + std::to_string(R) + "x" + std::to_string(C) + "x" +
+                           std::to_string(D) + " panel [" + std::to_string(col_begin) + "," + std::to_string(col_end) +
+                           ") eps " + std::to_string(filter_eps) + (both ? " both sides" : "") +
                            (model.kind == Model::general    ? " general model"
                             : model.kind == Model::diagonal ? " diagonal masked"
                                                             : "");
@@ -553,18 +564,23 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   int64_t kept = 0;
   for (auto v : h_mask) kept += v != 0;
   // G (and G^T) element by element: each value rounded once to the stored type (unit roundoff
-  // bf16 2^-8, TF32 2^-11; bounded here by twice that, for the logits' fp32 sums and ex2.approx),
-  // zero in the tiles gradient filtering dropped, and nothing written past the panel's columns or
-  // the rows (the buffers' padding stays zero).
+  // bf16 2^-8, fp16 and TF32 2^-11; bounded here by twice that, for the logits' fp32 sums and
+  // ex2.approx; fp16's subnormals, values below 2^-14 / factor, lose at most 2^-25 / factor, under
+  // the 1e-7 floor), zero in the tiles gradient filtering dropped, and nothing written past the
+  // panel's columns or the rows (the buffers' padding stays zero). fp16's values are divided by the
+  // factor.
   double worst_g = 0;
   int64_t outside = 0;
   {
-    const double ug = std::ldexp(1.0, tf32 ? -10 : -7);
+    const double ug = std::ldexp(1.0, tf32 || fp16 ? -10 : -7);
     const auto values = [&](void* d, size_t n) {
       std::vector<double> h(n);
       if (tf32) {
         const auto f = download(static_cast<float*>(d), n);
         std::copy(f.begin(), f.end(), h.begin());
+      } else if (fp16) {
+        const auto b = download(static_cast<__half*>(d), n);
+        for (size_t i = 0; i < n; ++i) h[i] = double(__half2float(b[i])) / factor;
       } else {
         const auto b = download(static_cast<__nv_bfloat16*>(d), n);
         for (size_t i = 0; i < n; ++i) h[i] = double(__bfloat162float(b[i]));
@@ -620,6 +636,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   p.mask = filter_eps > 0 ? mask : nullptr, p.mask_ld = col_tiles, p.mask_of_a_transposed = 0;
   p.out_f32 = dA_out, p.ldo = D;
   p.workspace = workspace, p.workspace_bytes = ws, p.max_k_splits = 32;
+  p.out_factor = fp16 ? d_factor + 1 : nullptr;
   rc = tlse_hop_product(&p, nullptr);
   const int64_t splits_a = p.k_splits;
   if (rc == 0) {
@@ -653,6 +670,9 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   if (tf32) {
     const auto f = download(static_cast<float*>(dB_out), size_t(W * D));
     std::copy(f.begin(), f.end(), h_dB.begin());
+  } else if (fp16) {
+    const auto b = download(static_cast<__half*>(dB_out), size_t(W * D));
+    for (size_t i = 0; i < b.size(); ++i) h_dB[i] = double(__half2float(b[i]));
   } else {
     const auto b = download(static_cast<__nv_bfloat16*>(dB_out), size_t(W * D));
     for (size_t i = 0; i < b.size(); ++i) h_dB[i] = double(__bfloat162float(b[i]));
@@ -673,6 +693,10 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
         float f;
         std::memcpy(&f, at, sizeof f);
         h_dB_plain[size_t(j * D + k)] = f;
+      } else if (fp16) {
+        __half h;
+        std::memcpy(&h, at, sizeof h);
+        h_dB_plain[size_t(j * D + k)] = double(__half2float(h));
       } else {
         __nv_bfloat16 b;
         std::memcpy(&b, at, sizeof b);
@@ -680,7 +704,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
       }
     }
   double worst_dA = 0, worst_dB = 0, worst_dB_plain = 0;
-  const double u = std::ldexp(1.0, tf32 ? -9 : -8);
+  const double u = std::ldexp(1.0, tf32 ? -9 : fp16 ? -10 : -8);
   for (int64_t i = 0; i < R; ++i)
     for (int64_t k = 0; k < D; ++k) {
       double ref = 0, bound = 0;
@@ -710,8 +734,9 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1 &&
              worst_dB_plain <= 1 && plain_outside == 0,
          name + buf);
-  for (void* ptr : {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask, (void*)row_dot,
-                    (void*)col_sums, (void*)dA_out, dB_out, dB_plain, (void*)d_order, workspace, At, Bt})
+  for (void* ptr :
+       {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask, (void*)row_dot,
+        (void*)col_sums, (void*)dA_out, dB_out, dB_plain, (void*)d_order, workspace, At, Bt, (void*)d_factor})
     cudaFree(ptr);
   cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target), cudaFree(d_ids), cudaFree(d_bias);
 }
@@ -844,8 +869,8 @@ void check_arguments() {
          "forward plan: " + std::to_string(a.col_splits) + " splits, " + std::to_string(a.row_groups) + " row groups");
 
   tlse_hop_gradient_args g{};
-  g.dtype = TLSE_HOP_FP16;
-  refused(tlse_hop_gradient(&g, nullptr), "only TLSE_HOP_BF16", "gradient: fp16");
+  g.dtype = 7;
+  refused(tlse_hop_gradient(&g, nullptr), "dtype 7", "gradient: unknown dtype");
   g.dtype = TLSE_HOP_BF16;
   g.rows = {data, 64, 100, nullptr, nullptr, 0};
   g.cols = {data, 64, 300, nullptr, nullptr, 0};
@@ -860,8 +885,8 @@ void check_arguments() {
   refused(tlse_hop_gradient(&g, nullptr), "ldgt >= the rows, a multiple of 8", "gradient: TF32 G^T, ldgt 100");
 
   tlse_hop_product_args p{};
-  p.dtype = TLSE_HOP_FP16;
-  refused(tlse_hop_product(&p, nullptr), "only TLSE_HOP_BF16", "product: fp16");
+  p.dtype = 7;
+  refused(tlse_hop_product(&p, nullptr), "dtype 7", "product: unknown dtype");
   p.dtype = TLSE_HOP_TF32, p.a_transposed = 1;
   refused(tlse_hop_product(&p, nullptr), "TF32 operands must be K-major", "product: TF32 read transposed");
   p.dtype = TLSE_HOP_BF16, p.a_transposed = 0;
@@ -909,7 +934,7 @@ int main() {
     check_kept_exponentials(300, 1500, 200, 1.0, shifted, 1280, 512);  // in panels, the last one partial
   }
   std::printf("backward (gradient panel, products):\n");
-  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_TF32}) {
+  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);
     check_backward(dtype, 700, 1500, 136, 256, 1300, 0.0);
     check_backward(dtype, 1100, 2000, 64, 512, 2000, 1.0 / 4096);

@@ -1,7 +1,7 @@
 #pragma once
 // Registers the Kokkos::Cuda specializations (kernel_path.hpp says which run):
 // - the Hopper kernels (hopper_forward.hpp, hopper_backward.hpp; built with TLSE_HAVE_HOPPER):
-//   the forward for bf16, fp16 and float in TF32, the fused backward for bf16 when its plan fits
+//   the forward for bf16, fp16 and float in TF32, the fused backward for the same when its plan fits
 //   the call's memory budget, and cross-entropy's training step for bf16 when its plan fits;
 // - the mma.sync tensor-core kernels (lse_forward_mma.hpp, lse_backward_mma.hpp): the forward
 //   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;

@@ -1,7 +1,7 @@
 #pragma once
 // The backward on the Hopper kernels (plan: hopper_backward_plan.hpp). Per panel of columns, in
 // order:
-//   1. tlse_hop_gradient recomputes the panel's tiles (every row) into G = scale * dL/dx (bf16),
+//   1. tlse_hop_gradient recomputes the panel's tiles (every row) into G = scale * dL/dx (in T),
 //      the per-tile filtering mask, the row sums of dL/dz * dot (dscale) and the column sums of
 //      dL/dz (dbias);
 //   2. dB_panel = G^T A (tlse_hop_product, G read transposed): complete, written to the
@@ -22,10 +22,17 @@
 // Under a plan with K blocks (plan.row_blocks(), col_blocks()) each panel sweeps its rows (the row
 // panels their columns) a block at a time, and dB_panel (dA_panel) is summed over the blocks in
 // order in fp32 before it is rounded to T once; TF32 transposes each block's operand as it goes.
+// fp16 cannot hold G as it is (entries like p / N fall below its 2^-24 floor): G is stored times
+// one power of two for the whole call that puts the largest |G| any entry can take at most at
+// 2^14 (lse_backward_mma.hpp's row_scale_for, from both sides' term bounds), and every product
+// multiplies its output by the inverse, exactly. One factor rather than one a row (as the
+// mma.sync passes take): G serves both products, and dB = G^T A sums over G's rows. An entry
+// loses at most 2^-38 of that bound to fp16's range (docs/design.md: what that costs a sum).
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/hopper_backward_plan.hpp>
 #include <tlse/backends/cuda/hopper_forward.hpp>
+#include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/mma_primitives.hpp>
 #include <tlse/impl/backward_request.hpp>
 
@@ -110,12 +117,23 @@ void finish_rows(cudaStream_t stream, const float* acc, index_t rows, index_t de
   check_launch("finish_rows_kernel");
 }
 
+/// factor[0] = fp16's power of two for G, factor[1] its inverse, from the sides' term bounds in
+/// factor[2] and factor[3] (terms_bound_kernel) and the logit scale (|dx/dz| <= 1 under a softcap).
+__global__ void gradient_factor_kernel(float logit_scale, float* factor) {
+  const float f = row_scale_for(fabsf(logit_scale) * (factor[2] + factor[3]));
+  factor[0] = f, factor[1] = 1.f / f;  // powers of two: exact
+}
+
 struct LseBackwardHopper {
-  /// Whether the kernels take inputs of type T: bf16, or float in TF32.
+  /// Whether the kernels take inputs of type T: bf16, fp16, or float in TF32.
   template <class T>
   static bool takes(bool tf32) {
-    return std::is_same<T, bfloat16>::value || (std::is_same<T, float>::value && tf32);
+    return std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value ||
+           (std::is_same<T, float>::value && tf32);
   }
+  /// Whether G is stored times a factor (see the top).
+  template <class T>
+  static constexpr bool scaled = std::is_same<T, float16>::value;
 
   /// The plan for a shape, when the Hopper backward takes it (the rows side is not split).
   template <class T>
@@ -147,6 +165,14 @@ struct LseBackwardHopper {
     const bool want_rows = r.grad_rows != nullptr;
     const bool rows_in_acc = want_rows && !plan.two_passes();
     if (rows_in_acc) cudaMemsetAsync(buf.acc, 0, size_t(R * D) * sizeof(float), stream);
+    if constexpr (scaled<T>) {
+      terms_bound_kernel<T><<<1, 1024, 0, stream>>>(r.row_terms, prob.rows, buf.factor + 2);
+      check_launch("terms_bound_kernel");
+      terms_bound_kernel<T><<<1, 1024, 0, stream>>>(r.col_terms, prob.cols, buf.factor + 3);
+      check_launch("terms_bound_kernel");
+      gradient_factor_kernel<<<1, 1, 0, stream>>>(prob.logit.scale, buf.factor);
+      check_launch("gradient_factor_kernel");
+    }
     // Two passes: the row panels first, so that the self-similarity form's column products can
     // add into the rows' gradient they leave (the workspace serves one pass, then the other).
     if (want_rows && plan.two_passes()) row_panels<T>(stream, r, rows, plan, base);
@@ -168,8 +194,8 @@ struct LseBackwardHopper {
     const bool want_rows = grad_rows != nullptr, want_cols = grad_cols != nullptr || (self && want_rows);
     const bool rows_in_acc = want_rows && !plan.two_passes();
     const bool tf32 = plan.tf32();
-    tlse_hop_gradient_args g = gradient_args<T>(r, rows);
-    // bf16: G serves both products. TF32: G for dA, G^T for dB.
+    tlse_hop_gradient_args g = gradient_args<T>(r, rows, buf.factor);
+    // 16-bit: G serves both products. TF32: G for dA, G^T for dB.
     g.G = rows_in_acc || (!tf32 && want_cols) ? buf.G : nullptr;
     g.ldg = plan.ldg;
     g.GT = tf32 && want_cols ? buf.GT : nullptr;
@@ -230,8 +256,8 @@ struct LseBackwardHopper {
         }
         const unsigned char* mask = filtered ? g.tile_mask : nullptr;
         if (want_cols) {  // dB_panel (+)= G^T A
-          tlse_hop_product_args p =
-              product(plan, buf.G, plan.ldg, mask, mask_ld, buf.partials, plan.partial_floats(), plan.k_splits_cols);
+          tlse_hop_product_args p = product<T>(plan, buf.G, plan.ldg, mask, mask_ld, buf.partials,
+                                               plan.partial_floats(), plan.k_splits_cols, buf.factor);
           p.mask_of_a_transposed = 1;
           if (tf32) {
             if (blocks)
@@ -254,8 +280,8 @@ struct LseBackwardHopper {
           check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (columns)");
         }
         if (rows_in_acc) {  // acc += G B_panel
-          tlse_hop_product_args p =
-              product(plan, buf.G, plan.ldg, mask, mask_ld, buf.partials, plan.partial_floats(), plan.k_splits_rows);
+          tlse_hop_product_args p = product<T>(plan, buf.G, plan.ldg, mask, mask_ld, buf.partials,
+                                               plan.partial_floats(), plan.k_splits_rows, buf.factor);
           if (tf32)
             p.b = buf.Bt, p.ldb = plan.ldg;
           else
@@ -278,10 +304,13 @@ struct LseBackwardHopper {
  private:
   static tlse_hop_terms hopper_terms(const SoftmaxTerms<float>& t) { return tlse_hop_terms{t.lse, t.g, t.target, t.w}; }
 
+  /// The gradient kernel's arguments for the request; factor: the plan's (see the top).
   template <class T>
-  static tlse_hop_gradient_args gradient_args(const BackwardRequest<T, float>& r, const tlse_hop_side& rows) {
+  static tlse_hop_gradient_args gradient_args(const BackwardRequest<T, float>& r, const tlse_hop_side& rows,
+                                              const float* factor) {
     tlse_hop_gradient_args g{};
     g.dtype = hopper_dtype<T>(r.prob.tf32);
+    g.g_factor = scaled<T> ? factor : nullptr;
     g.rows = rows;
     g.depth = r.prob.depth;
     g.logit = hopper_logit(r.prob.logit);
@@ -344,7 +373,7 @@ struct LseBackwardHopper {
     WorkspaceCarver carver(base);
     const FusedBackwardPlan::RowPanelBuffers buf = plan.carve_row_panels(carver);
     const index_t R = rows.count, C = r.prob.cols.count, D = r.prob.depth;
-    tlse_hop_gradient_args g = gradient_args<T>(r, rows);
+    tlse_hop_gradient_args g = gradient_args<T>(r, rows, buf.factor);
     const RowParts parts = RowParts::of(stream, g, buf.ids, R);
     const auto* B = static_cast<const T*>(r.prob.cols.data);
     g.cols = tlse_hop_side{B, D, C, nullptr, nullptr, 0};
@@ -361,9 +390,10 @@ struct LseBackwardHopper {
         g.col_begin = left, g.col_end = left + width;
         g.max_col_splits = width;  // few row tiles: the columns are split to fill the device
         check_hopper(tlse_hop_gradient(&g, stream), "tlse_hop_gradient (row panel)");
-        tlse_hop_product_args p = product(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
-                                          (width + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N,
-                                          buf.partials, plan.row_panel_partial_floats(), plan.k_splits_row_panel);
+        tlse_hop_product_args p =
+            product<T>(plan, buf.G, plan.ldg_rows, filtered ? buf.mask : nullptr,
+                       (width + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N, buf.partials,
+                       plan.row_panel_partial_floats(), plan.k_splits_row_panel, buf.factor);
         if (plan.tf32()) {
           if (blocks)
             transpose_tf32(stream, reinterpret_cast<const float*>(B + left * D), D, width, D, buf.Bt, plan.ldg_rows);
@@ -392,12 +422,15 @@ struct LseBackwardHopper {
   }
 
   /// The arguments the products share: G as operand A, its tile mask (mask_ld tiles a row; NULL:
-  /// no filtering), the split partials (partial_floats of them).
+  /// no filtering), the split partials (partial_floats of them), the plan's factor (fp16: the
+  /// outputs are multiplied by its inverse).
+  template <class T>
   static tlse_hop_product_args product(const FusedBackwardPlan& plan, const char* G, index_t ldg,
                                        const unsigned char* mask, index_t mask_ld, float* partials,
-                                       std::int64_t partial_floats, int k_splits) {
+                                       std::int64_t partial_floats, int k_splits, const float* factor) {
     tlse_hop_product_args p{};
-    p.dtype = plan.tf32() ? TLSE_HOP_TF32 : TLSE_HOP_BF16;
+    p.dtype = hopper_dtype<T>(plan.tf32());
+    p.out_factor = scaled<T> ? factor + 1 : nullptr;
     p.a = G, p.lda = ldg;
     p.b_transposed = plan.tf32() ? 0 : 1;  // TF32: the caller passes the K-major copy
     p.mask = mask;

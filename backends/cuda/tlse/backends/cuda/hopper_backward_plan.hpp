@@ -36,7 +36,7 @@ struct FusedBackwardPlan {
   static constexpr std::int64_t BF16_BYTES = 2;
 
   std::int64_t rows = 0, cols = 0, depth = 0;
-  std::int64_t element = BF16_BYTES;  // bytes of an operand element: 2 (bf16) or 4 (float in TF32)
+  std::int64_t element = BF16_BYTES;         // bytes of an operand element: 2 (bf16, fp16) or 4 (float in TF32)
   std::int64_t panel = 0, ldg = 0;           // panel width (a multiple of TILE_N unless it is every column)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G B_panel (K = panel) and dB = G^T A (K = rows)
   /// 0: dA summed over the column panels in the accumulator. Otherwise the two passes: panels
@@ -80,7 +80,12 @@ struct FusedBackwardPlan {
   /// The arrays of the column panels, carved in this order (the sizes are worst cases: every
   /// output wanted, the columns visited through an index, so one plan serves every call of the
   /// shape; the two passes take no accumulator).
+  /// fp16's factor of G, its inverse and the two sides' term bounds it comes from
+  /// (hopper_backward.hpp): first in both passes' layouts, so that the passes share it.
+  static constexpr std::int64_t FACTOR_FLOATS = 4;
+
   struct Buffers {
+    float* factor;        // FACTOR_FLOATS
     float* acc;           // rows x depth: dA, summed over the panels
     char* G;              // row_block x ldg elements (TF32 two passes: none, dB reads G^T)
     unsigned char* mask;  // row tiles x panel tiles: the tiles gradient filtering kept
@@ -96,6 +101,7 @@ struct FusedBackwardPlan {
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
+    b.factor = c.take<float>(FACTOR_FLOATS);
     b.acc = c.take<float>(two_passes() ? 0 : rows * depth);
     b.G = c.take<char>(tf32() && two_passes() ? 0 : row_block * ldg * element);
     b.mask = c.take<unsigned char>(row_tiles() * panel_tiles());
@@ -118,6 +124,7 @@ struct FusedBackwardPlan {
   /// The arrays of the row panels (two passes), carved from the same base as the column
   /// panels' (one pass after the other): the plan takes the larger of the two.
   struct RowPanelBuffers {
+    float* factor;        // FACTOR_FLOATS, where the column panels' is
     char* G;              // row_panel x ldg_rows elements
     unsigned char* mask;  // row tiles of a panel x column tiles of a block
     int* ids;             // rows: 0, 1, ..., the rows' ids as the gradient kernel reads them
@@ -127,6 +134,7 @@ struct FusedBackwardPlan {
   };
   RowPanelBuffers carve_row_panels(WorkspaceCarver& c) const {
     RowPanelBuffers b;
+    b.factor = c.take<float>(FACTOR_FLOATS);
     b.G = c.take<char>(row_panel * ldg_rows * element);
     b.mask = c.take<unsigned char>((row_panel + TILE_M - 1) / TILE_M * ((col_block + TILE_N - 1) / TILE_N));
     b.ids = c.take<int>(rows);

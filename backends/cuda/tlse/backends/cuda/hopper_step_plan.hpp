@@ -150,7 +150,7 @@ struct KeptColumnsPlan {
 
   struct Buffers {
     float* g;                           // rows: the rows' softmax weights g = coef (1 + 2 z lse), the panels' row terms
-    FusedBackwardPlan::Buffers panels;  // its accumulator first: dA over every column
+    FusedBackwardPlan::Buffers panels;  // its factor and accumulator first: dA over every column
     // Before the first panel, over the panels' arrays past the accumulator:
     float* shifts;      // rows x ld_shifts: the shifts the kept exponentials are under
     float* row_scale;   // rows: G's row factors c (G = diag(c) E')
@@ -164,7 +164,9 @@ struct KeptColumnsPlan {
     char* shared = c.take<char>(0);
     WorkspaceCarver panel_side(shared), kept_side(shared);
     b.panels = panels.carve(panel_side);
-    kept_side.take<float>(rows * depth);  // the accumulator, carved first on both sides
+    // The panels' factor and accumulator, carved first on both sides.
+    kept_side.take<float>(FusedBackwardPlan::FACTOR_FLOATS);
+    kept_side.take<float>(rows * depth);
     b.shifts = kept_side.take<float>(rows * ld_shifts());
     b.row_scale = kept_side.take<float>(rows);
     b.partials = kept_side.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * rows);
