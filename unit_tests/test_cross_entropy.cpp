@@ -338,9 +338,11 @@ TYPED_TEST(CrossEntropy, BackwardInKBlocksUnderATinyBudget) {
   // On Hopper GPUs (bf16, fp16) 416 KiB holds the two passes of 700 rows x 1500 classes x 136 only with
   // K blocks (H200: column panels over blocks of 256 rows, row panels over blocks of 512 classes),
   // and 1 MiB those of 700 x 6000 x 64 (blocks of 384 rows and of 3072 classes: each column
-  // panel's dC summed over two blocks in fp32 and written through the vocabulary order); with
-  // ignored rows, clustered classes (filtered tiles) and, exact, a bias. Other GPUs run the same
-  // calls on their kernels; the host's backward plans no budget.
+  // panel's dC summed over two blocks in fp32 and written through the vocabulary order); 1752
+  // KiB holds one pass for 1000 x 8000 x 64 only with K blocks (the accumulator, column panels of
+  // 768 over blocks of 256 rows; HopperPlan.OnePassInKBlocksWhereItsModelWins pins that plan);
+  // with ignored rows, clustered classes (filtered tiles) and, exact, a bias. Other GPUs run the
+  // same calls on their kernels; the host's backward plans no budget.
   CeCase k{700, 1500, 136, tlse::CrossEntropyOptions{}};
   k.o.memory_budget = std::size_t(416) << 10;
   k.o.ignore_index = -1;
@@ -349,6 +351,9 @@ TYPED_TEST(CrossEntropy, BackwardInKBlocksUnderATinyBudget) {
   this->check(k, rng);
   k.N = 700, k.V = 6000, k.D = 64;
   k.o.memory_budget = std::size_t(1) << 20;
+  this->check(k, rng);
+  k.N = 1000, k.V = 8000, k.D = 64;
+  k.o.memory_budget = std::size_t(1752) << 10;
   this->check(k, rng);
   auto o = exact();
   o.memory_budget = std::size_t(416) << 10;

@@ -181,6 +181,25 @@ TEST(HopperPlan, KBlocksOnlyWhereTheyBeatTheWholePlan) {
   EXPECT_LT(blocked.two_pass_cost(H200_SMS), whole.two_pass_cost(H200_SMS));
 }
 
+TEST(HopperPlan, OnePassInKBlocksWhereItsModelWins) {
+  // Cross-entropy 1000 rows x 8000 classes x 64 in bf16 at 1752 KiB (a window of 1736-1776 KiB on
+  // 132 SMs): the accumulator fits, G for every row against a panel does not, and one pass whose
+  // column panels take the rows in blocks beats the two passes by make()'s model. The GPU test
+  // CrossEntropy.BackwardInKBlocksUnderATinyBudget runs this shape and budget: this pins the kind
+  // of plan it covers.
+  const FusedBackwardPlan p = FusedBackwardPlan::make(1000, 8000, 64, 1752 << 10, H200_SMS);
+  ASSERT_TRUE(p.fits);
+  EXPECT_FALSE(p.two_passes());
+  EXPECT_TRUE(p.row_blocks());
+  EXPECT_FALSE(p.col_blocks());
+  EXPECT_EQ(p.row_block % FusedBackwardPlan::TILE_M, 0);
+  EXPECT_LE(p.bytes, std::size_t(1752) << 10);
+  const FusedBackwardPlan again = FusedBackwardPlan::make(1000, 8000, 64, p.bytes, H200_SMS);
+  EXPECT_EQ(again.panel, p.panel);
+  EXPECT_EQ(again.row_block, p.row_block);
+  EXPECT_EQ(again.bytes, p.bytes);
+}
+
 TEST(HopperPlan, SplitsOnlyProductsWithFewerTilesThanSMs) {
   // 8192 x 2304 outputs have 576 tiles: never split, whatever the panel (a split's partials
   // would be 72 MiB each).
