@@ -107,6 +107,32 @@ std::vector<T> download(const T* d, size_t n) {
   return h;
 }
 
+/// The value of one element in the input type of `dtype`, stored at `at` (TF32: a float).
+double element_value(int dtype, const unsigned char* at) {
+  if (dtype == TLSE_HOP_TF32) {
+    float f;
+    std::memcpy(&f, at, sizeof f);
+    return f;
+  }
+  if (dtype == TLSE_HOP_FP16) {
+    __half h;
+    std::memcpy(&h, at, sizeof h);
+    return double(__half2float(h));
+  }
+  __nv_bfloat16 b;
+  std::memcpy(&b, at, sizeof b);
+  return double(__bfloat162float(b));
+}
+
+/// n elements of the input type of `dtype` from the device, as values.
+std::vector<double> download_values(int dtype, const void* d, size_t n) {
+  const size_t elem = dtype == TLSE_HOP_TF32 ? 4 : 2;
+  const auto bytes = download(static_cast<const unsigned char*>(d), n * elem);
+  std::vector<double> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = element_value(dtype, &bytes[i * elem]);
+  return h;
+}
+
 double merge_lse(const std::vector<float>& max, const std::vector<float>& sum, int64_t parts, int64_t n, int64_t i) {
   double m = -INFINITY;
   for (int64_t p = 0; p < parts; ++p) m = std::max(m, double(max[p * n + i]));
@@ -574,17 +600,8 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   {
     const double ug = std::ldexp(1.0, tf32 || fp16 ? -10 : -7);
     const auto values = [&](void* d, size_t n) {
-      std::vector<double> h(n);
-      if (tf32) {
-        const auto f = download(static_cast<float*>(d), n);
-        std::copy(f.begin(), f.end(), h.begin());
-      } else if (fp16) {
-        const auto b = download(static_cast<__half*>(d), n);
-        for (size_t i = 0; i < n; ++i) h[i] = double(__half2float(b[i])) / factor;
-      } else {
-        const auto b = download(static_cast<__nv_bfloat16*>(d), n);
-        for (size_t i = 0; i < n; ++i) h[i] = double(__bfloat162float(b[i]));
-      }
+      std::vector<double> h = download_values(dtype, d, n);
+      for (double& v : h) v /= factor;  // a power of two (1 but for fp16): exact
       return h;
     };
     const auto check = [&](double got, int64_t i, int64_t j) {
@@ -666,17 +683,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     return;
   }
   const auto h_dA = download(dA_out, size_t(R * D));
-  std::vector<double> h_dB(size_t(W * D));
-  if (tf32) {
-    const auto f = download(static_cast<float*>(dB_out), size_t(W * D));
-    std::copy(f.begin(), f.end(), h_dB.begin());
-  } else if (fp16) {
-    const auto b = download(static_cast<__half*>(dB_out), size_t(W * D));
-    for (size_t i = 0; i < b.size(); ++i) h_dB[i] = double(__half2float(b[i]));
-  } else {
-    const auto b = download(static_cast<__nv_bfloat16*>(dB_out), size_t(W * D));
-    for (size_t i = 0; i < b.size(); ++i) h_dB[i] = double(__bfloat162float(b[i]));
-  }
+  const std::vector<double> h_dB = download_values(dtype, dB_out, size_t(W * D));
   // The plain output, and whether anything landed outside its W x D values.
   std::vector<unsigned char> plain(static_cast<size_t>(plain_bytes));
   CUDA_OK(cudaMemcpy(plain.data(), dB_plain, plain.size(), cudaMemcpyDeviceToHost));
@@ -687,22 +694,8 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   }
   std::vector<double> h_dB_plain(size_t(W * D));
   for (int64_t j = 0; j < W; ++j)
-    for (int64_t k = 0; k < D; ++k) {
-      const unsigned char* at = &plain[size_t((j * ld_plain + k) * elem)];
-      if (tf32) {
-        float f;
-        std::memcpy(&f, at, sizeof f);
-        h_dB_plain[size_t(j * D + k)] = f;
-      } else if (fp16) {
-        __half h;
-        std::memcpy(&h, at, sizeof h);
-        h_dB_plain[size_t(j * D + k)] = double(__half2float(h));
-      } else {
-        __nv_bfloat16 b;
-        std::memcpy(&b, at, sizeof b);
-        h_dB_plain[size_t(j * D + k)] = double(__bfloat162float(b));
-      }
-    }
+    for (int64_t k = 0; k < D; ++k)
+      h_dB_plain[size_t(j * D + k)] = element_value(dtype, &plain[size_t((j * ld_plain + k) * elem)]);
   double worst_dA = 0, worst_dB = 0, worst_dB_plain = 0;
   const double u = std::ldexp(1.0, tf32 ? -9 : fp16 ? -10 : -8);
   for (int64_t i = 0; i < R; ++i)

@@ -77,13 +77,13 @@ struct FusedBackwardPlan {
     return product_k_splits(M, N, K, sms, k_step());
   }
 
-  /// The arrays of the column panels, carved in this order (the sizes are worst cases: every
-  /// output wanted, the columns visited through an index, so one plan serves every call of the
-  /// shape; the two passes take no accumulator).
   /// fp16's factor of G, its inverse and the two sides' term bounds it comes from
   /// (hopper_backward.hpp): first in both passes' layouts, so that the passes share it.
   static constexpr std::int64_t FACTOR_FLOATS = 4;
 
+  /// The arrays of the column panels, carved in this order (the sizes are worst cases: every
+  /// output wanted, the columns visited through an index, so one plan serves every call of the
+  /// shape; the two passes take no accumulator).
   struct Buffers {
     float* factor;        // FACTOR_FLOATS
     float* acc;           // rows x depth: dA, summed over the panels
