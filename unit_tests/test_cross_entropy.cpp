@@ -124,7 +124,7 @@ struct CrossEntropy : ::testing::Test {
       for (std::int64_t d = 0; d < k.D; ++d) colsum_E[d] += std::fabs(in.E(i, d));
     const double lse_error = tol.lse(lse_max, k.V);  // every probability's normalizer
     // dC_roundings: the training step on the Hopper kernels rounds both factors of dC's terms (the
-    // kept exponentials, and the rows times G's row factors) to bf16 (test_support.hpp).
+    // kept exponentials, and the rows times G's row factors) to the input type (test_support.hpp).
     const auto check_gradients = [&](const std::string& how, const typename C::MatrixView& gE,
                                      const typename C::MatrixView& gC, const typename C::VectorView& gbias,
                                      int dC_roundings) {
@@ -141,8 +141,8 @@ struct CrossEntropy : ::testing::Test {
     };
     check_gradients("cross_entropy_backward", dE, dC, dbias, 1);
 
-    // The training step in one call: the same loss and gradients (on Hopper GPUs, for bf16, the
-    // forward's logits become the gradient; without filtering, so within the same bounds).
+    // The training step in one call: the same loss and gradients (on Hopper GPUs, for bf16 and
+    // fp16, the forward's logits become the gradient; without filtering, so within the same bounds).
     typename C::AccView loss3("loss3", none ? k.N : 1);
     typename C::MatrixView dE3("dE3", k.N, k.D), dC3("dC3", k.V, k.D);
     typename C::VectorView dbias3("dbias3", in.bias.empty() ? 0 : k.V);
@@ -262,7 +262,7 @@ TYPED_TEST(CrossEntropy, BiasSoftcapZLossShift) {
 
 TYPED_TEST(CrossEntropy, TrainingStepInChunksOfRows) {
   TLSE_SEEDED(rng);
-  // On Hopper GPUs (bf16) an 11 MiB budget holds the kept exponentials (bf16) of chunks of 3200
+  // On Hopper GPUs (bf16, fp16) an 11 MiB budget holds the kept exponentials (16-bit) of chunks of 3200
   // rows, not of all 4000 or so scored rows: the step runs in two chunks (the last one partial)
   // through the fp32 dC accumulator, with a vocabulary that is no multiple of 8 (padded rows).
   // Elsewhere: the two calls.
@@ -273,13 +273,13 @@ TYPED_TEST(CrossEntropy, TrainingStepInChunksOfRows) {
 }
 
 TYPED_TEST(CrossEntropy, TrainingStepSplitsTheRowsProductOfManyTiles) {
-  // On Hopper GPUs (bf16) the step's dA = G B over every column has 134 or so output tiles here
+  // On Hopper GPUs (bf16, fp16) the step's dA = G B over every column has 134 or so output tiles here
   // (about 17100 scored rows of depth 72, gathered through the row index), more than an H100's or
   // H200's 132 SMs: StepPlan takes that product in two K splits, summed through the output's row
   // index (the host test HopperStepPlan checks the choice). Only there: the reference of 19000
   // rows takes seconds, and elsewhere the step is the two calls other tests check.
-  if (!std::is_same<typename TestFixture::T, tlse::bfloat16>::value || std::string(TypeParam::Exec::name()) != "Cuda")
-    GTEST_SKIP() << "concerns the training step on Hopper GPUs (CUDA, bf16)";
+  if (sizeof(typename TestFixture::T) != 2 || std::string(TypeParam::Exec::name()) != "Cuda")
+    GTEST_SKIP() << "concerns the training step on Hopper GPUs (CUDA, bf16 or fp16)";
   TLSE_SEEDED(rng);
   auto o = exact();
   o.ignore_index = -1;
@@ -288,8 +288,8 @@ TYPED_TEST(CrossEntropy, TrainingStepSplitsTheRowsProductOfManyTiles) {
 
 TYPED_TEST(CrossEntropy, TrainingStepKeepsAPartOfTheColumns) {
   TLSE_SEEDED(rng);
-  // On Hopper GPUs (bf16) a 3 MiB budget holds no chunk of the step's exponentials (150 x 12001
-  // bf16: 3.6 MB) but the fused backward's buffers: the step keeps the exponentials of the first
+  // On Hopper GPUs (bf16, fp16) a 3 MiB budget holds no chunk of the step's exponentials (150 x 12001
+  // 16-bit: 3.6 MB) but the fused backward's buffers: the step keeps the exponentials of the first
   // 8960 columns in 5 panels in dC's storage (the host test HopperKeptColumnsPlan checks that
   // plan) and recomputes the other columns. Without a softcap (G = diag(c) E'), with rows whose
   // largest logit lies far above their target's (logits of std 30: parts under their own max,

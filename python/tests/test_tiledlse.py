@@ -483,7 +483,7 @@ def loss_and_grads(e, c, bias, targets, upstream=1.0, **kwargs):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("upstream", [1.0, 0.37], ids=["loss.backward", "scaled"])
 def test_fused_step_matches_forward_backward(device, dtype, reduction, upstream):

@@ -88,7 +88,7 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     float64 for float64 inputs), and the per-row LSE (shape e.shape[:-1], no gradient, 0 for
     ignored rows) when return_lse.
     fused_step: compute the gradients in the forward, in one call with the loss (on Hopper GPUs,
-    bf16, within a large memory_budget: 3 matrix products instead of 4; within the default one,
+    bf16 or fp16, within a large memory_budget: 3 matrix products instead of 4; within the default one,
     3 for a part of the classes), and keep them until the backward. None (auto): when the step
     runs fused there (a Hopper GPU and a memory_budget that holds the logits of a chunk of rows
     or the backward's buffers; the library is asked), gradients of e or c will be

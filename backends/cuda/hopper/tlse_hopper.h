@@ -74,15 +74,20 @@ typedef struct {
  * row_max/row_sum[split y][rows positions] for the column splits (rows without a position
  * unwritten), col_max/col_sum/col_logit_sum[row group x][cols.count] for the row groups (each group
  * owns its column slots).
- * exponentials (optional, bf16 inputs without column outputs): the training step keeps the tiles'
- * exponentials for its gradient instead of recomputing the tiles. A part of a row is its columns j
- * of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a consumer thread's), m
- * the largest of its logits. Each part is under a shift s: the row's r =
+ * exponentials (optional, bf16 or fp16 inputs without column outputs): the training step keeps the
+ * tiles' exponentials for its gradient instead of recomputing the tiles. A part of a row is its
+ * columns j of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a consumer
+ * thread's), m the largest of its logits. Each part is under a shift s. bf16: the row's r =
  * exponentials_row_shift[row] when m <= r + TLSE_HOP_ROW_SHIFT_SPAN (NULL or r = +inf: none), else
- * m itself; s goes to exponentials_shift[row * 4 * ceil(kept / TLSE_HOP_TILE_N) + 4 n + q]
- * (-inf where every logit of the part is masked), and each logit x to exp(x - s) in bf16 at
+ * m itself. fp16 (exponentials_row_shift NULL): s = k ln 2 with k = ceil(m log2 e) -
+ * TLSE_HOP_FP16_HEADROOM, an integer, so that a part's values lie in fp16's range up to 2^HEADROOM
+ * (its largest above half that) and parts differ by powers of two. s goes to
+ * exponentials_shift[row * 4 * ceil(kept / TLSE_HOP_TILE_N) + 4 n + q] (-inf where every logit of
+ * the part is masked), and each logit x to exp(x - s) in the input type at
  * exponentials[row * ld_exponentials + col] (row < rows.count, col < kept; rows.position NULL):
- * at most e^SPAN, in bf16's normal range down to s - 87 (2^-8 relative; below, 0). Kept are the
+ * bf16 at most e^SPAN, in its normal range down to s - 87 (2^-8 relative; below, 0); fp16 2^-11
+ * relative down to 2^-14, below that fp16's subnormal steps of 2^-24 (2^-39 of the part's
+ * largest). Kept are the
  * columns below kept = exponentials_cols (0: every column; else a multiple of TLSE_HOP_TILE_N, at
  * most cols.count: the other tiles only fold into the row states); with exponentials_panel = P >
  * 0 (a multiple of TLSE_HOP_TILE_N) in panels of P columns instead, column col of panel k = col /
@@ -105,7 +110,7 @@ typedef struct {
   float* col_max;                      /**< [row group][cols.count]; NULL: no column LSE */
   float* col_sum;                      /**< [row group][cols.count]: sum of exp(x - col_max) */
   float* col_logit_sum;                /**< [row group][cols.count]; NULL: no column logit sums */
-  void* exponentials;                  /**< bf16; NULL: none kept */
+  void* exponentials;                  /**< in the input type (bf16, fp16); NULL: none kept */
   int64_t ld_exponentials;             /**< elements from a row of exponentials to the next (a multiple of 8) */
   float* exponentials_shift;           /**< with exponentials */
   const float* exponentials_row_shift; /**< with exponentials, or NULL */
@@ -219,8 +224,9 @@ TLSE_HOP_API const char* tlse_hop_error_string(void);
 
 /* Tile shapes, for the caller's workspace plans: the gradient panel's tiles and the products' K step. */
 enum { TLSE_HOP_TILE_M = 128, TLSE_HOP_TILE_N = 256 };
-/* How far above its row's shift a part of the kept exponentials may reach (tlse_hop_forward_args). */
-enum { TLSE_HOP_ROW_SHIFT_SPAN = 64 };
+/* How far above its row's shift a part of the kept bf16 exponentials may reach, and the log2 of
+ * the largest value a part of fp16 ones takes (tlse_hop_forward_args). */
+enum { TLSE_HOP_ROW_SHIFT_SPAN = 64, TLSE_HOP_FP16_HEADROOM = 15 };
 
 #ifdef __cplusplus
 }

@@ -62,7 +62,7 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
     // A three-dimensional map in every case: the panels are its layers (one without panels).
     const bool panels = a.exponentials_panel > 0;
     if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
-                                          StagedStore::type_of<cutlass::bfloat16_t>(), a.exponentials, a.rows.count,
+                                          StagedStore::type_of<Input>(), a.exponentials, a.rows.count,
                                           panels ? a.exponentials_panel : kept, a.ld_exponentials,
                                           panels ? (kept + a.exponentials_panel - 1) / a.exponentials_panel : 1,
                                           panels ? a.exponentials_panel_stride : a.rows.count * a.ld_exponentials))
@@ -84,9 +84,13 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
   if (!a->row_max || !a->row_sum) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_max/row_sum is NULL");
   if ((a->col_max == nullptr) != (a->col_sum == nullptr))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": col_max and col_sum go together");
-  if (a->exponentials && (a->dtype != TLSE_HOP_BF16 || a->col_max || a->col_logit_sum))
+  if (a->exponentials && (a->dtype == TLSE_HOP_TF32 || a->col_max || a->col_logit_sum))
     return fail(TLSE_HOP_E_ARGUMENT,
-                std::string(call) + ": exponentials are kept for bf16 inputs without column outputs only");
+                std::string(call) + ": exponentials are kept for bf16 and fp16 inputs without column outputs only");
+  if (a->exponentials && a->dtype == TLSE_HOP_FP16 && a->exponentials_row_shift)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                         ": fp16 exponentials are kept under shifts of their own (a power of two "
+                                         "below each part's max), exponentials_row_shift must be NULL");
   if (a->exponentials && a->rows.position)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials are kept by row, rows.position must be NULL");
   if (a->exponentials &&
@@ -145,7 +149,7 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->rows, a->cols);
     const bool simple = model.all_simple(a->cols.count) || (!columns && model.capped_cols == a->cols.count);
     const auto s = static_cast<cudaStream_t>(stream);
-    if constexpr (std::is_same<Input, cutlass::bfloat16_t>::value)
+    if constexpr (sizeof(Input) == 2)
       if (a->exponentials)
         return simple ? run_forward<Input, false, true, false>(*a, s) : run_forward<Input, false, true>(*a, s);
     if (columns) return simple ? run_forward<Input, true, false, false>(*a, s) : run_forward<Input, true>(*a, s);

@@ -30,6 +30,7 @@ inline DeviceSide device_side(const tlse_hop_side& s) {
 }
 
 constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
 
 /// 2^x on the special function unit (relative error about 2^-22; subnormal results flush to 0,
 /// which no sum of exponentials here notices).

@@ -8,9 +8,10 @@
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
 // the slot a tile merges into is read before the tile's products run. No atomics. On request
 // (KeepExponentials) the tiles' exponentials are stored too, for a training step that turns them
-// into the gradient without recomputing the tiles: each as exp(x - s) in bf16 (through
-// StagedStore, half the bytes of the logits as floats), s the row's shift where the thread's part
-// of the row lies within TLSE_HOP_ROW_SHIFT_SPAN above it, else the part's own max; the tiles past
+// into the gradient without recomputing the tiles: each as exp(x - s) in the input type (bf16 or
+// fp16, through StagedStore, half the bytes of the logits as floats), s for bf16 the row's shift
+// where the thread's part of the row lies within TLSE_HOP_ROW_SHIFT_SPAN above it, else the part's
+// own max, for fp16 a multiple of ln 2 just below the part's max (keep_row); the tiles past
 // exponentials_cols only fold into the row states.
 #include "fragment_reductions.cuh"
 #include "staged_store.cuh"
@@ -177,18 +178,28 @@ struct LseForwardEpilogue {
       fold_row(acc, r, mx);
   }
 
-  /// fold_row for a tile whose exponentials are kept: under the shift s (the row's, where the
-  /// thread's part of row r, max mx, lies within the span above it; else mx), each entry becomes
-  /// e = exp(x - s) <= e^SPAN in acc (a part all -inf is left as it is, kept_shift -inf, and
-  /// stored as 0), and the state takes (s, sum e): below s it may lose what is below e^-87 of s,
-  /// nothing against the row's LSE, which is at least the row's shift (a logit of the row).
+  /// fold_row for a tile whose exponentials are kept: under the shift s (bf16: the row's, where
+  /// the thread's part of row r, max mx, lies within the span above it, else mx; fp16: n ln 2 with
+  /// n = ceil(mx log2 e) - TLSE_HOP_FP16_HEADROOM), each entry becomes e = exp(x - s) in acc (bf16
+  /// at most e^SPAN; fp16 at most 2^HEADROOM, the part's largest above half that) (a part all
+  /// -inf is left as it is, kept_shift -inf, and stored as 0), and the state takes (s, sum e).
+  /// bf16: below s it may lose what is below e^-87 of s, nothing against the row's LSE, which is
+  /// at least the row's shift (a logit of the row). fp16: its narrow range holds the part's
+  /// values down to 2^-(24 + HEADROOM) of its largest, and on the grid of ln 2 the training step
+  /// rescales a part by a power of two, exactly.
   template <class Acc>
   __device__ __forceinline__ void keep_row(Acc& acc, const Fragment& c, int r, float mx) {
-    const float row_shift = s.row_shift[c.row(r)];
-    const float shift = mx <= row_shift + float(TLSE_HOP_ROW_SHIFT_SPAN) ? row_shift : mx;
+    float shift, shift2;  // s, and s log2 e
+    if constexpr (std::is_same<T, cutlass::half_t>::value) {
+      shift2 = ceilf(mx * LOG2E) - float(TLSE_HOP_FP16_HEADROOM);  // an integer: ex2 takes it exactly
+      shift = shift2 * LN2;
+    } else {
+      const float row_shift = s.row_shift[c.row(r)];
+      shift = mx <= row_shift + float(TLSE_HOP_ROW_SHIFT_SPAN) ? row_shift : mx;
+      shift2 = shift * LOG2E;
+    }
     kept_shift[r] = mx == NEG_INF ? NEG_INF : shift;
     if (mx == NEG_INF) return;
-    const float shift2 = shift * LOG2E;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < Fragment::COLS; ++j) {
@@ -199,13 +210,13 @@ struct LseForwardEpilogue {
     lse_merge(run_max[r], run_sum[r], shift, sum);
   }
 
-  /// The tile's kept exponentials (bf16, through TMA), then the shifts they are under: one per
+  /// The tile's kept exponentials (in T: bf16 or fp16, through TMA), then the shifts they are under: one per
   /// row, tile and quad lane, written after the stores so that their addresses take no registers
   /// while the tile is live (ptxas spilled 200-300 bytes per thread otherwise).
   template <class Acc>
   __device__ __forceinline__ void keep_tile(const Acc& acc, const Fragment& c, int64_t row0, int m, int n) {
     const int panel = n / p.exponentials_panel_tiles;
-    StagedStore::put_rows<cutlass::bfloat16_t, true>(
+    StagedStore::put_rows<T, true>(
         s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n - panel * p.exponentials_panel_tiles, c,
         [&](int r, int j) { return kept_shift[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j); }, panel);
 #pragma unroll

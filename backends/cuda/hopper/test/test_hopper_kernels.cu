@@ -259,33 +259,29 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   cudaFree(dA), cudaFree(dB), cudaFree(parts);
 }
 
-/// A bf16 value from its bits.
-double bf16_value(uint16_t bits) {
-  uint32_t wide = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, 4);
-  return double(f);
-}
-
-/// The forward keeping its exponentials (bf16 inputs, the training step's rows-only sweep). Each
-/// part of a row (column tile and quad lane q: the columns j with (j mod 8) / 2 == q) is under
-/// the row's shift r where its max m is at most r + TLSE_HOP_ROW_SHIFT_SPAN, else under m
-/// (either way at the reference's m within the float accumulation bound of check_forward: near
-/// the line, either is right). Row shifts, when given (shifted), cycle through a logit of the
-/// row (the training step's target logit), the row's max - 100 (its upper parts take their own
-/// max, the lower ones r) and -inf (every part its own max). Each stored e against exp(x - s) at
-/// the reference x and the kernel's s: bf16's 2^-8 relative, the dot product's error on the
-/// exponent (expm1 of the bound), ex2's 2^-21, and bf16's smallest normal absolute (ex2 flushes
-/// below it). The row LSEs against the reference as in check_forward. Nothing written past the
-/// rows (a sentinel row follows), past each row's last 16 bytes (ld_exponentials pads each row:
-/// TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the shifts.
-/// keep_cols > 0: only the columns below it are kept (exponentials_cols), the LSEs over every column;
-/// panel > 0: in panels of that many columns (exponentials_panel), a gap of 24 values between them.
-void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool shifted, int64_t keep_cols = 0,
-                             int64_t panel = 0) {
+/// The forward keeping its exponentials (bf16 or fp16 inputs, the training step's rows-only
+/// sweep). Each part of a row (column tile and quad lane q: the columns j with (j mod 8) / 2 == q)
+/// is under a shift s. bf16: the row's shift r where its max m is at most r +
+/// TLSE_HOP_ROW_SHIFT_SPAN, else m (either way at the reference's m within the float accumulation
+/// bound of check_forward: near the line, either is right). Row shifts, when given (shifted, bf16
+/// only), cycle through a logit of the row (the training step's target logit), the row's max - 100
+/// (its upper parts take their own max, the lower ones r) and -inf (every part its own max).
+/// fp16: s = k ln 2, k an integer with m log2 e - k in (HEADROOM - 1, HEADROOM] (within that
+/// bound). Each stored e against exp(x - s) at the reference x and the kernel's s: the type's
+/// relative rounding (2^-8, 2^-11), the dot product's error on the exponent (expm1 of the bound),
+/// ex2's 2^-21, and the type's absolute floor (bf16: its smallest normal, below which ex2 flushes;
+/// fp16: half its subnormal step). The row LSEs against the reference as in check_forward. Nothing
+/// written past the rows (a sentinel row follows), past each row's last 16 bytes (ld_exponentials
+/// pads each row: TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the
+/// shifts. keep_cols > 0: only the columns below it are kept (exponentials_cols), the LSEs over
+/// every column; panel > 0: in panels of that many columns (exponentials_panel), a gap of 24
+/// values between them.
+void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double scale, bool shifted,
+                             int64_t keep_cols = 0, int64_t panel = 0) {
+  const bool fp16 = dtype == TLSE_HOP_FP16;
   const int64_t K = keep_cols > 0 ? keep_cols : C;                    // the kept columns
   const int64_t P = panel > 0 ? panel : K, layers = (K + P - 1) / P;  // columns per panel, panels
-  Operand A{TLSE_HOP_BF16, R, D}, B{TLSE_HOP_BF16, C, D};
+  Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(0.5), B.fill(0.5);
   const std::vector<double> x = logits(A, B, scale);
   void *dA = A.device(), *dB = B.device();
@@ -312,7 +308,7 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
   CUDA_OK(cudaMalloc(&d_row_shift, size_t(R) * sizeof(float)));
   CUDA_OK(cudaMemcpy(d_row_shift, row_shift.data(), size_t(R) * sizeof(float), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
-  auto a = sweep_args<tlse_hop_forward_args>(TLSE_HOP_BF16, dA, dB, R, C, D, scale);
+  auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.exponentials = kept, a.ld_exponentials = ld, a.exponentials_shift = shift;
   a.exponentials_row_shift = shifted ? d_row_shift : nullptr;
@@ -321,8 +317,8 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
   a.max_col_splits = max_splits, a.max_row_groups = 1;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  const std::string name = "kept exponentials " + std::to_string(R) + "x" + std::to_string(C) + "x" +
-                           std::to_string(D) + (shifted ? ", row shifts" : "") +
+  const std::string name = std::string(fp16 ? "fp16" : "bf16") + " kept exponentials " + std::to_string(R) + "x" +
+                           std::to_string(C) + "x" + std::to_string(D) + (shifted ? ", row shifts" : "") +
                            (keep_cols > 0 ? ", columns below " + std::to_string(keep_cols) + " kept" : "") +
                            (panel > 0 ? " in panels of " + std::to_string(panel) : "");
   if (rc != 0) {
@@ -350,6 +346,14 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
         double err;
         if (ref == -INFINITY) {
           err = got == -INFINITY ? 0.0 : INFINITY;
+        } else if (fp16) {
+          const double k = got / std::log(2.0), above = (ref - got) / std::log(2.0), slack = tol / std::log(2.0);
+          const double headroom = TLSE_HOP_FP16_HEADROOM;
+          err = std::fabs(k - std::nearbyint(k)) > 1e-3 ? INFINITY
+                : above > headroom                      ? (above - headroom) / slack
+                : above <= headroom - 1                 ? (headroom - 1 - above) / slack
+                                                        : 0.0;
+          ++under_own_max;
         } else if (got == r && ref <= r + span + tol) {
           err = 0, ++under_row_shift;
         } else {
@@ -374,8 +378,9 @@ void check_kept_exponentials(int64_t R, int64_t C, int64_t D, double scale, bool
       if (j >= K) continue;  // the row's last 16-byte chunk: written whole, values not to be read
       const double s = hm[size_t(i * ldm + slot(j))];
       const double ref = std::exp(x[i * C + j] - s);
-      const double tol = ref * (std::ldexp(1.0, -8) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -21)) + 0x1p-126;
-      const double e = bf16_value(got);
+      const double tol = ref * (std::ldexp(1.0, fp16 ? -11 : -8) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -21)) +
+                         (fp16 ? 0x1p-25 : 0x1p-126);
+      const double e = element_value(dtype, reinterpret_cast<const unsigned char*>(&got));
       worst_e = std::isnan(e) ? INFINITY : std::max(worst_e, std::fabs(e - ref) / tol);
     }
     char buf[240];
@@ -856,6 +861,10 @@ void check_arguments() {
   a.exponentials_panel = 0;
   a.rows.position = reinterpret_cast<const int32_t*>(data);
   refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: exponentials by position");
+  a.rows.position = nullptr, a.dtype = TLSE_HOP_TF32;
+  refused(tlse_hop_lse_forward(&a, nullptr), "kept for bf16 and fp16 inputs", "forward: TF32 exponentials");
+  a.dtype = TLSE_HOP_FP16, a.exponentials_row_shift = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_row_shift must be NULL", "forward: fp16 under row shifts");
   a = forward();
   const int planned = tlse_hop_lse_forward_plan(&a);
   expect(planned == TLSE_HOP_OK && a.col_splits >= 1 && a.col_splits <= 4 && a.row_groups == 1,
@@ -920,12 +929,14 @@ int main() {
   check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, false, 0);
   check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, true, 300);
   check_forward(TLSE_HOP_TF32, 700, 700, 72, 2.0, 1.0, INT64_MAX, false, -5);
-  for (bool shifted : {false, true}) {
-    check_kept_exponentials(300, 1001, 200, 1.0, shifted);
-    check_kept_exponentials(129, 2050, 72, 30.0, shifted);
-    check_kept_exponentials(300, 1001, 200, 1.0, shifted, 512);        // a prefix of the columns
-    check_kept_exponentials(300, 1500, 200, 1.0, shifted, 1280, 512);  // in panels, the last one partial
-  }
+  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16})
+    for (bool shifted : {false, true}) {
+      if (shifted && dtype == TLSE_HOP_FP16) continue;  // fp16 takes no row shifts
+      check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted);
+      check_kept_exponentials(dtype, 129, 2050, 72, 30.0, shifted);
+      check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted, 512);        // a prefix of the columns
+      check_kept_exponentials(dtype, 300, 1500, 200, 1.0, shifted, 1280, 512);  // in panels, the last one partial
+    }
   std::printf("backward (gradient panel, products):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);

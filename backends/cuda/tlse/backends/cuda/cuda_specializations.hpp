@@ -2,7 +2,7 @@
 // Registers the Kokkos::Cuda specializations (kernel_path.hpp says which run):
 // - the Hopper kernels (hopper_forward.hpp, hopper_backward.hpp; built with TLSE_HAVE_HOPPER):
 //   the forward for bf16, fp16 and float in TF32, the fused backward for the same when its plan fits
-//   the call's memory budget, and cross-entropy's training step for bf16 when its plan fits;
+//   the call's memory budget, and cross-entropy's training step for bf16 and fp16 when its plan fits;
 // - the mma.sync tensor-core kernels (lse_forward_mma.hpp, lse_backward_mma.hpp): the forward
 //   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;
 // - the same kernels with FFMA products (ffma_product.hpp) for exact float, when
@@ -102,9 +102,9 @@ struct LseStepSpecialization<Kokkos::Cuda> {
   template <class T, class Acc>
   static bool run(const Kokkos::Cuda& exec, const StepRequest<T, Acc>& r) {
 #if defined(TLSE_HAVE_HOPPER)
-    if constexpr (std::is_same<T, bfloat16>::value && std::is_same<Acc, float>::value)
+    if constexpr (cuda::LseStepHopper::takes<T> && std::is_same<Acc, float>::value)
       return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
-             cuda::LseStepHopper::run(exec.cuda_stream(), exec.cuda_device(), r);
+             cuda::LseStepHopper::run<T>(exec.cuda_stream(), exec.cuda_device(), r);
 #else
     (void)exec, (void)r;
 #endif

@@ -2,7 +2,8 @@
 // How the training step on the Hopper kernels (hopper_step.hpp: cross-entropy's loss and
 // gradients in one call) cuts a problem under a memory budget. It takes 3 products where a
 // forward followed by the fused backward takes 4: per chunk of rows, the forward keeps the
-// chunk's exponentials (bf16 exp(x - s), chunk x V, s a shift per row or part of a tile) instead
+// chunk's exponentials (exp(x - s) in the input type, bf16 or fp16, chunk x V, s a shift per row
+// or part of a tile) instead
 // of having the backward recompute them; once the rows' LSEs are known, G is their row-scaled
 // multiple (with a softcap, a pass turns them into G in place), then dA_chunk = G B is complete
 // (every column is in the chunk) and dB (+)= G^T A_chunk. dB goes to an fp32 accumulator (cols x depth)
@@ -27,28 +28,30 @@ struct StepPlan {
 
   std::int64_t rows = 0, cols = 0, depth = 0;
   std::int64_t chunk = 0;                    // rows per chunk: every row, or a multiple of TILE_M
-  std::int64_t ld_exponentials = 0;          // bf16 values per row: cols rounded up to 8 (16-byte rows)
+  std::int64_t ld_exponentials = 0;          // 16-bit values per row: cols rounded up to 8 (16-byte rows)
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA = G B (K = cols) and dB (+)= G^T A (K = chunk)
   std::size_t bytes = 0;                     // workspace of the plan
   bool fits = false;                         // within the budget
 
   std::int64_t chunks() const { return chunk > 0 ? (rows + chunk - 1) / chunk : 0; }
-  /// bf16 elements per row of G or E': either overwrites the exponentials it comes from.
+  /// 16-bit elements per row of G or E': either overwrites the exponentials it comes from.
   std::int64_t ldg() const { return ld_exponentials; }
   /// Floats per row of shifts: one per column tile and quad lane (tlse_hopper.h).
   std::int64_t ld_shifts() const { return 4 * ((cols + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N); }
 
   struct Buffers {
-    void* exponentials;  // chunk x ld_exponentials (bf16): the chunk's exponentials, then E' or G (ldg)
+    float* factor;       // FACTOR_FLOATS: fp16's power of two for G and A', its inverse (hopper_step.hpp)
+    void* exponentials;  // chunk x ld_exponentials (16-bit): the chunk's exponentials, then E' or G (ldg)
     float* shifts;       // chunk x ld_shifts: the shifts the exponentials are under (exponentials_shift)
     float* row_scale;    // chunk: G's row factors c (G = diag(c) E')
     float* partials;     // MAX_SWEEP_SPLITS x 2 x chunk: the forward's row LSE states
-    char* chunk_rows;    // chunk x depth bf16: the chunk's rows gathered through the row index, then times c
+    char* chunk_rows;    // chunk x depth 16-bit: the chunk's rows gathered through the row index, then times c
     float* acc;          // cols x depth: dB over the chunks (only with several chunks)
     float* k_partials;   // the products' K-split partials
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
+    b.factor = c.take<float>(FusedBackwardPlan::FACTOR_FLOATS);
     b.exponentials = c.take<std::uint16_t>(chunk * ld_exponentials);
     b.shifts = c.take<float>(chunk * ld_shifts());
     b.row_scale = c.take<float>(chunk);
@@ -109,7 +112,7 @@ struct StepPlan {
 /// The step under a budget that holds no chunk of rows (StepPlan) but does hold the fused
 /// backward's buffers, for a call that writes dA and dB (not adding into them): the forward keeps
 /// the exponentials of the first `kept` columns only, in panels of `panel` columns, and in dB's
-/// storage (cols x depth bf16, the caller's, written only at the end of its use here). Panel k's
+/// storage (cols x depth 16-bit, the caller's, written only at the end of its use here). Panel k's
 /// exponentials (rows x panel) lie past dB's rows of panels 0..k, since dB_k = E_k'^T A' writes
 /// those rows while it reads them: at panel x depth + k x stride, stride = panel x max(rows, depth)
 /// elements. A' = diag(c) A lives in dA's storage until dA is written from the accumulator. The
