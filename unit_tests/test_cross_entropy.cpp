@@ -313,6 +313,24 @@ TYPED_TEST(CrossEntropy, TrainingStepKeepsAPartOfTheColumns) {
   this->check({150, 12001, 136, o, 4.0, 0.2}, rng);
 }
 
+/// The budget tests' filtered case: the default filter, a tenth of the rows ignored, and the
+/// classes in two clusters (whole tiles filtered; make_inputs), under `budget` bytes.
+CeCase filtered_under_budget(std::int64_t N, std::int64_t V, std::int64_t D, std::size_t budget) {
+  CeCase k{N, V, D, tlse::CrossEntropyOptions{}};
+  k.o.memory_budget = budget;
+  k.o.ignore_index = -1;
+  k.ignore_fraction = 0.1;
+  k.clusters = 2;
+  return k;
+}
+
+/// The budget tests' exact case: no filtering, a bias, under `budget` bytes.
+CeCase exact_with_bias_under_budget(std::int64_t N, std::int64_t V, std::int64_t D, std::size_t budget) {
+  CeCase k{N, V, D, exact(), 4.0, 0.0, true};
+  k.o.memory_budget = budget;
+  return k;
+}
+
 TYPED_TEST(CrossEntropy, BackwardInTwoPassesUnderASmallBudget) {
   TLSE_SEEDED(rng);
   // On Hopper GPUs (bf16, fp16) 1 MiB does not hold the fused backward's 700 x 520 fp32 accumulator:
@@ -320,15 +338,8 @@ TYPED_TEST(CrossEntropy, BackwardInTwoPassesUnderASmallBudget) {
   // panels in the forward's vocabulary order), here with ignored rows, clustered classes (whole
   // tiles filtered in both passes) and, exact, with a bias. Elsewhere: the same calls on the
   // other kernels.
-  CeCase k{700, 1500, 520, tlse::CrossEntropyOptions{}};
-  k.o.memory_budget = std::size_t(1) << 20;
-  k.o.ignore_index = -1;
-  k.ignore_fraction = 0.1;
-  k.clusters = 2;
-  this->check(k, rng);
-  auto o = exact();
-  o.memory_budget = std::size_t(1) << 20;
-  this->check({700, 1500, 520, o, 4.0, 0.0, true}, rng);
+  this->check(filtered_under_budget(700, 1500, 520, std::size_t(1) << 20), rng);
+  this->check(exact_with_bias_under_budget(700, 1500, 520, std::size_t(1) << 20), rng);
 }
 
 TYPED_TEST(CrossEntropy, BackwardInKBlocksUnderATinyBudget) {
@@ -343,21 +354,10 @@ TYPED_TEST(CrossEntropy, BackwardInKBlocksUnderATinyBudget) {
   // 768 over blocks of 256 rows; HopperPlan.OnePassInKBlocksWhereItsModelWins pins that plan);
   // with ignored rows, clustered classes (filtered tiles) and, exact, a bias. Other GPUs run the
   // same calls on their kernels; the host's backward plans no budget.
-  CeCase k{700, 1500, 136, tlse::CrossEntropyOptions{}};
-  k.o.memory_budget = std::size_t(416) << 10;
-  k.o.ignore_index = -1;
-  k.ignore_fraction = 0.1;
-  k.clusters = 2;
-  this->check(k, rng);
-  k.N = 700, k.V = 6000, k.D = 64;
-  k.o.memory_budget = std::size_t(1) << 20;
-  this->check(k, rng);
-  k.N = 1000, k.V = 8000, k.D = 64;
-  k.o.memory_budget = std::size_t(1752) << 10;
-  this->check(k, rng);
-  auto o = exact();
-  o.memory_budget = std::size_t(416) << 10;
-  this->check({700, 1500, 136, o, 4.0, 0.0, true}, rng);
+  this->check(filtered_under_budget(700, 1500, 136, std::size_t(416) << 10), rng);
+  this->check(filtered_under_budget(700, 6000, 64, std::size_t(1) << 20), rng);
+  this->check(filtered_under_budget(1000, 8000, 64, std::size_t(1752) << 10), rng);
+  this->check(exact_with_bias_under_budget(700, 1500, 136, std::size_t(416) << 10), rng);
 }
 
 TYPED_TEST(CrossEntropy, ShiftLongerThanBatchIgnoresEverything) {
