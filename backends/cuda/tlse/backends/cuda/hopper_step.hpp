@@ -73,14 +73,10 @@ __global__ void row_bound_kernel(const float* max, const float* sum, int splits,
 /// of row_scale_for(|scale| max bound) (G at most 2^13; c f at most 1, exponentials_to_gradient_kernel,
 /// so that A' stays within A's range), and factor[1] its inverse for the products. One block.
 __global__ void step_factor_kernel(const float* bound, index_t rows, float logit_scale, float* factor) {
-  __shared__ float red[32];
   float m = 0.f;
   for (index_t p = threadIdx.x; p < rows; p += blockDim.x) m = fmaxf(m, bound[p]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
+  m = block_max(m);
   if (threadIdx.x == 0) {
-    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
     const float f = 0.5f * row_scale_for(fabsf(logit_scale) * m);
     factor[0] = f, factor[1] = 1.f / f;  // powers of two: exact
   }
@@ -186,9 +182,8 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   };
   if constexpr (Factored) {
     float a;                    // exp(r - l), r the shift E' is under: E' times a is the row's softmax
-    bool exact_target = false;  // fp16: the target's entry is +-2^target_power (below)
-    int target_power = 0;
-    float target_sign = 1.f;
+    bool exact_target = false;  // fp16: the target's entry is exact_entry = +-2^m (below)
+    float exact_entry = 0.f;
     if constexpr (fp16) {
       a = 0.f;  // a row of weight 0 (c = 0) keeps its exponentials as they are
       if (g != 0.f && l != -infinity<float>()) {
@@ -206,11 +201,12 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
         const float term = x_t != -infinity<float>() ? (g * expm1f(x_t - l) + (g - w)) / g : 0.f;  // T
         int e = 0;
         if (term != 0.f) frexpf(fabsf(term), &e);  // |T| in [2^(e-1), 2^e)
-        target_power = e + 14 < 15 ? e + 14 : 15;
-        exact_target = term != 0.f && target_power >= -14;
+        const int m = e + 14 < 15 ? e + 14 : 15;
+        exact_target = term != 0.f && m >= -14;
         float k_r = 0.f;
         if (exact_target) {
-          a = ldexpf(fabsf(term), -target_power);
+          a = ldexpf(fabsf(term), -m);
+          exact_entry = copysignf(ldexpf(1.f, m), term);
         } else {
           int h = 0;
           frexpf(1.f + fabsf(w / g), &h);
@@ -231,7 +227,6 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
           for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(to_acc<float>(in.v[k]) * by[k / 2]);
           return out;
         });
-        target_sign = term < 0.f ? -1.f : 1.f;
       }
     } else {
       // The shift every part of the row is under, as the forward chose it (begin_row, keep_row).
@@ -253,8 +248,7 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
     if (threadIdx.x == 0) {
       row_scale[p] = c;
       if (c != 0.f && x_t != -infinity<float>())
-        *kept.at<T>(p, t) = from_acc<T>(exact_target ? target_sign * ldexpf(1.f, target_power)
-                                                     : (g * expm1f(x_t - l) + (g - w)) / (g * a));
+        *kept.at<T>(p, t) = from_acc<T>(exact_target ? exact_entry : (g * expm1f(x_t - l) + (g - w)) / (g * a));
     }
     if (scaled_rows) {  // 16 bytes at a time (depth is a multiple of 8, the rows 16-byte aligned)
       const Eight* in = reinterpret_cast<const Eight*>(rows + p * depth);

@@ -65,10 +65,21 @@ __device__ __forceinline__ float row_scale_for(float bound) {
   return ldexpf(1.f, k < -100 ? -100 : k > 100 ? 100 : k);
 }
 
+/// The max of every thread's m over a block of whole warps (at most 1024 threads), in thread 0
+/// (the others get their warp's). Every thread of the block calls it.
+__device__ inline float block_max(float m) {
+  __shared__ float red[32];
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
+  return m;
+}
+
 /// max over the other side's positions of TermsAt::bound(), into *out (one block).
 template <class T>
 __global__ void terms_bound_kernel(SoftmaxTerms<float> terms, Side<T> side, float* out) {
-  __shared__ float red[32];
   float m = 0;
   if (terms.active())
     for (index_t x = threadIdx.x; x < side.count; x += blockDim.x) {
@@ -76,13 +87,8 @@ __global__ void terms_bound_kernel(SoftmaxTerms<float> terms, Side<T> side, floa
       t.load(terms, side.id(x));
       m = fmaxf(m, t.bound());
     }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int i = 1; i < int(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
-    *out = m;
-  }
+  m = block_max(m);
+  if (threadIdx.x == 0) *out = m;
 }
 
 /// What a gradient-sweep block needs, as one __grid_constant__ parameter (see ForwardParams).
