@@ -145,41 +145,50 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
     T v[8];
   };
   const float* row_shift = shift + p * ld_shift;
-  // ld, panel and panel_stride are multiples of 8: eights are 16-byte aligned, none straddles panels.
-  // Without panels, the row's eights one after the other, as KeptLayout::at would give them.
-  Eight* const row = reinterpret_cast<Eight*>(static_cast<T*>(kept.data) + p * kept.ld);
-  const auto eight_at = [&](index_t eight) {
-    return kept.panel == 0 ? row + eight : reinterpret_cast<Eight*>(kept.at<T>(p, 8 * eight));
-  };
-  // Each eight of the row in place through f(its values, the shifts of its four pairs, its first
-  // column): IN_FLIGHT eights per thread are loaded before any is written back, since the stores
-  // go to the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s
-  // of 2026-11-26: 2.22 ms before, 2.13 after, for its 4.2 GB; a shorter way for the eights of
-  // rows without softcap did not change it: the pass is bound by the memory's mix of reads and
-  // writes).
-  const auto each_eight = [&](auto&& f) {
+  // Each eight of the row in place through f(its values, four values of its tile, its first
+  // column): the tile's shifts, one per pair of the eight (tlse_hopper.h), or what `per_tile`
+  // makes of them. The row goes in windows of at most WINDOW_TILES tiles, none across panels:
+  // the window's four values per tile in shared memory first, made once per tile instead of
+  // once per eight, and the eights addressed from the panel's start instead of through
+  // KeptLayout::at's division per eight (fp16's pass over the kept panels at N=8192, ncu on
+  // H200s, 2026-11-29: 2.10 ms for its 2.1 GB with both per eight, 1.42-1.79 ms so).
+  // IN_FLIGHT eights per thread are loaded before any is written back, since the stores go to
+  // the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s of
+  // 2026-11-26: 2.22 ms before, 2.13 after, for its 4.2 GB).
+  constexpr index_t TILE = FusedBackwardPlan::TILE_N, WINDOW_TILES = 256;
+  __shared__ float4 window[WINDOW_TILES];
+  const auto each_eight = [&](auto&& per_tile, auto&& f) {
     constexpr int IN_FLIGHT = 4;
-    const index_t eights = (cols + 7) / 8, stride = index_t(blockDim.x);
-    for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
-      Eight in[IN_FLIGHT];
-      float4 s4[IN_FLIGHT];
+    const index_t segment = kept.panel > 0 ? kept.panel : cols;  // columns at one pointer: a panel, or the row
+    for (index_t panel_begin = 0; panel_begin < cols; panel_begin += segment) {
+      const index_t panel_end = panel_begin + segment < cols ? panel_begin + segment : cols;
+      for (index_t begin = panel_begin; begin < panel_end; begin += WINDOW_TILES * TILE) {  // multiples of TILE
+        const index_t end = begin + WINDOW_TILES * TILE < panel_end ? begin + WINDOW_TILES * TILE : panel_end;
+        __syncthreads();  // the previous window's values are read
+        for (index_t i = threadIdx.x; i < (end - begin + TILE - 1) / TILE; i += blockDim.x)
+          window[i] = per_tile(*reinterpret_cast<const float4*>(row_shift + 4 * (begin / TILE + i)));
+        __syncthreads();
+        // ld, panel and panel_stride are multiples of 8: the eights are 16-byte aligned.
+        Eight* const eights_at = reinterpret_cast<Eight*>(kept.at<T>(p, begin));
+        const index_t eights = (end - begin + 7) / 8, stride = index_t(blockDim.x);
+        for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
+          Eight in[IN_FLIGHT];
 #pragma unroll
-      for (int u = 0; u < IN_FLIGHT; ++u) {
-        const index_t eight = first_eight + u * stride;
-        if (eight < eights) {
-          in[u] = *eight_at(eight);
-          s4[u] = *reinterpret_cast<const float4*>(row_shift + 4 * (8 * eight / FusedBackwardPlan::TILE_N));
+          for (int u = 0; u < IN_FLIGHT; ++u)
+            if (first_eight + u * stride < eights) in[u] = eights_at[first_eight + u * stride];
+#pragma unroll
+          for (int u = 0; u < IN_FLIGHT; ++u) {
+            const index_t eight = first_eight + u * stride;
+            if (eight >= eights) continue;
+            const float4 v = window[8 * eight / TILE];
+            const float values[4] = {v.x, v.y, v.z, v.w};
+            eights_at[eight] = f(in[u], values, begin + 8 * eight);
+          }
         }
-      }
-#pragma unroll
-      for (int u = 0; u < IN_FLIGHT; ++u) {
-        const index_t eight = first_eight + u * stride;
-        if (eight >= eights) continue;
-        const float shifts[4] = {s4[u].x, s4[u].y, s4[u].z, s4[u].w};
-        *eight_at(eight) = f(in[u], shifts, 8 * eight);
       }
     }
   };
+  const auto shifts_as_they_are = [](float4 s) { return s; };
   if constexpr (Factored) {
     float a;                    // exp(r - l), r the shift E' is under: E' times a is the row's softmax
     bool exact_target = false;  // fp16: the target's entry is exact_entry = +-2^m (below)
@@ -213,20 +222,23 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
           k_r = ceilf(l * LOG2E_F) - float(TLSE_HOP_FP16_HEADROOM - h);
           a = exp2f(fmaf(-l, LOG2E_F, k_r));
         }
-        each_eight([&](const Eight& in, const float(&shifts)[4], index_t) {
-          float by[4];  // the part's e to E': 2^(k_part - k_r) on the grid (exact), else p / (e a)
+        // Each part's e to E', one factor per part: 2^(k_part - k_r) on the grid (exact), else p / (e a).
+        const auto by = [&](float shift) {
+          const float k_part = rintf(shift * LOG2E_F);  // an integer (keep_row)
+          return shift == -infinity<float>() ? 0.f
+                 : exact_target              ? exp2f(fmaf(-l, LOG2E_F, k_part)) / a
+                                             : ldexpf(1.f, int(k_part - k_r));
+        };
+        each_eight(
+            [&](float4 s) {
+              return float4{by(s.x), by(s.y), by(s.z), by(s.w)};
+            },
+            [&](const Eight& in, const float(&factors)[4], index_t) {
+              Eight out;
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float k_part = rintf(shifts[q] * LOG2E_F);  // an integer (keep_row)
-            by[q] = shifts[q] == -infinity<float>() ? 0.f
-                    : exact_target                  ? exp2f(fmaf(-l, LOG2E_F, k_part)) / a
-                                                    : ldexpf(1.f, int(k_part - k_r));
-          }
-          Eight out;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(to_acc<float>(in.v[k]) * by[k / 2]);
-          return out;
-        });
+              for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(to_acc<float>(in.v[k]) * factors[k / 2]);
+              return out;
+            });
       }
     } else {
       // The shift every part of the row is under, as the forward chose it (begin_row, keep_row).
@@ -235,7 +247,7 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
       const bool own_max = g != 0.f && row_max > r0 + float(TLSE_HOP_ROW_SHIFT_SPAN);
       const float r = own_max ? l : r0;
       if (own_max)
-        each_eight([&](const Eight& in, const float(&shifts)[4], index_t) {
+        each_eight(shifts_as_they_are, [&](const Eight& in, const float(&shifts)[4], index_t) {
           Eight out;
 #pragma unroll
           for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(probability(to_acc<float>(in.v[k]), shifts[k / 2], l));
@@ -265,7 +277,7 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   } else {
     const float target_dx_dz = model.dx_dz(x_t);
     const bool softcap = model.softcap > 0.f;
-    each_eight([&](const Eight& in, const float(&shifts)[4], index_t j) {
+    each_eight(shifts_as_they_are, [&](const Eight& in, const float(&shifts)[4], index_t j) {
       // exp(s - l) once per pair where it cannot underflow (then e exp(s - l) is exact to float's
       // rounding); else -1: probability() per entry (an exponential more per entry made the
       // step at N=8192 with a softcap 1.5-2.7% slower).
