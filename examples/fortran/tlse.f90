@@ -1,6 +1,7 @@
 ! Fortran 2003 interface to the TiledLSE C API (tlse.h) through iso_c_binding: the subset the
-! example uses (context, cross-entropy forward/backward and the step in one call, errors). Fortran arrays are column-major,
-! so a C row-major n x d matrix is a Fortran array of shape (d, n).
+! examples use (context, cross-entropy forward/backward and the step in one call, the contrastive
+! loss forward/backward, errors). Fortran arrays are column-major, so a C row-major n x d matrix
+! is a Fortran array of shape (d, n).
 module tlse
   use, intrinsic :: iso_c_binding
   implicit none
@@ -9,6 +10,8 @@ module tlse
   integer(c_int), parameter :: TLSE_DEVICE_HOST = 0, TLSE_DEVICE_CUDA = 1
   integer(c_int), parameter :: TLSE_F32 = 0, TLSE_F64 = 1, TLSE_BF16 = 2, TLSE_F16 = 3
   integer(c_int32_t), parameter :: TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2
+  integer(c_int32_t), parameter :: TLSE_DIRECTION_SYMMETRIC = 0, TLSE_DIRECTION_IMAGE_TO_TEXT = 1, &
+      TLSE_DIRECTION_TEXT_TO_IMAGE = 2
 
   ! Same members, types and order as tlse_cross_entropy_options in tlse.h.
   type, bind(c) :: tlse_cross_entropy_options
@@ -24,6 +27,18 @@ module tlse
     type(c_ptr) :: workspace
     integer(c_size_t) :: workspace_bytes
     integer(c_int64_t) :: memory_budget  ! bytes of workspace a call may use; 0: 256 MiB
+  end type
+
+  ! Same members, types and order as tlse_contrastive_options in tlse.h.
+  type, bind(c) :: tlse_contrastive_options
+    real(c_double) :: scale  ! logit scale, 1 / temperature
+    integer(c_int32_t) :: direction
+    integer(c_int32_t) :: accumulate
+    integer(c_int32_t) :: detect_non_finite
+    integer(c_int32_t) :: precision
+    type(c_ptr) :: workspace
+    integer(c_size_t) :: workspace_bytes
+    integer(c_int64_t) :: memory_budget
   end type
 
   interface
@@ -73,6 +88,29 @@ module tlse
       integer(c_int64_t), value :: n, v, d
       type(tlse_cross_entropy_options), intent(in) :: options
     end function
+
+    subroutine tlse_contrastive_options_default(options) bind(c, name="tlse_contrastive_options_default")
+      import :: tlse_contrastive_options
+      type(tlse_contrastive_options), intent(out) :: options
+    end subroutine
+
+    integer(c_int) function tlse_contrastive_forward(context, device, stream, dtype, b, c, images, texts, labels, &
+        loss, row_lse, col_lse, options) bind(c, name="tlse_contrastive_forward")
+      import :: c_int, c_int64_t, c_ptr, tlse_contrastive_options
+      type(c_ptr), value :: context, stream, images, texts, labels, loss, row_lse, col_lse
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: b, c
+      type(tlse_contrastive_options), intent(in) :: options
+    end function
+
+    integer(c_int) function tlse_contrastive_backward(context, device, stream, dtype, b, c, images, texts, labels, &
+        row_lse, col_lse, dloss, dimages, dtexts, dscale, options) bind(c, name="tlse_contrastive_backward")
+      import :: c_int, c_int64_t, c_ptr, tlse_contrastive_options
+      type(c_ptr), value :: context, stream, images, texts, labels, row_lse, col_lse, dloss, dimages, dtexts, dscale
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: b, c
+      type(tlse_contrastive_options), intent(in) :: options
+    end function
   end interface
 
 contains
@@ -90,5 +128,14 @@ contains
     allocate(character(len=length) :: message)
     message = transfer(chars(1:length), message)
   end function
+
+  ! Stops the program with the last error's message unless status is TLSE_SUCCESS.
+  subroutine tlse_check(status)
+    integer(c_int), intent(in) :: status
+    if (status /= TLSE_SUCCESS) then
+      print '(a)', tlse_last_error()
+      stop 1
+    end if
+  end subroutine
 
 end module tlse
