@@ -1,7 +1,7 @@
 ! Fortran 2003 interface to the TiledLSE C API (tlse.h) through iso_c_binding: the subset the
 ! examples use (context, cross-entropy forward/backward and the step in one call, the contrastive
-! loss forward/backward, errors). Fortran arrays are column-major, so a C row-major n x d matrix
-! is a Fortran array of shape (d, n).
+! loss forward/backward, errors), and the log-sum-exp their checks take. Fortran arrays are
+! column-major, so a C row-major n x d matrix is a Fortran array of shape (d, n).
 module tlse
   use, intrinsic :: iso_c_binding
   implicit none
@@ -127,6 +127,12 @@ contains
     end do
     allocate(character(len=length) :: message)
     message = transfer(chars(1:length), message)
+  end function
+
+  ! log(sum(exp(values))) under their max, for the examples' checks in plain loops.
+  real(c_double) function log_sum_exp(values)
+    real(c_double), intent(in) :: values(:)
+    log_sum_exp = maxval(values) + log(sum(exp(values - maxval(values))))
   end function
 
   ! Stops the program with the last error's message unless status is TLSE_SUCCESS.
