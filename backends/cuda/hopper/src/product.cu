@@ -96,10 +96,15 @@ using namespace tlse::hopper;
 
 extern "C" size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits,
                                              int device) {
-  if ((dtype != TLSE_HOP_BF16 && dtype != TLSE_HOP_FP16 && dtype != TLSE_HOP_TF32) || M < 1 || N < 1 || K < 1) return 0;
+  int64_t k_step = 0;  // the depth of a stage, as run_product takes it
+  const auto stage_depth = [&](auto input) {
+    k_step = TileConfig<MmaElement<decltype(input)>, false, false>::BK;
+    return TLSE_HOP_OK;
+  };
+  if (with_input_type(dtype, "tlse_hop_product_workspace", stage_depth) != TLSE_HOP_OK || M < 1 || N < 1 || K < 1)
+    return 0;
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) sms = 1;
-  const int64_t k_step = dtype == TLSE_HOP_TF32 ? 32 : 64;  // 128 bytes of depth per stage
   const ProductShape s = product_shape(M, N, K, k_step, max_k_splits < 1 ? 1 : max_k_splits, sms);
   return s.k_splits > 1 ? size_t(s.k_splits) * size_t(M) * size_t(N) * sizeof(float) : 0;
 }

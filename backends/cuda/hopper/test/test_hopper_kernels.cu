@@ -897,6 +897,9 @@ void check_arguments() {
   refused(tlse_hop_product(&p, nullptr), "exactly one of out_f32 and out", "product: no output");
   p.out_f32 = part, p.N = 63, p.ldb = 64;
   refused(tlse_hop_product(&p, nullptr), "N and ldo must be even", "product: odd N");
+  expect(tlse_hop_product_workspace(7, 100, 64, 64, 4, 0) == 0 &&
+             std::string(tlse_hop_error_string()).find("dtype 7") != std::string::npos,
+         "product workspace: unknown dtype -> 0 and a reason");
   expect(tlse_hop_device_supported(-1) == 0, "device -1 is not supported");
 }
 
