@@ -53,7 +53,7 @@ if want exact; then
   run 240 "${generic[@]}" "$carry/tlse" cross-entropy --tokens 4096 --dim 2048 --vocab 65536 "${f32[@]}" --iterations 1
   if [ -f "$root/perf_tests/baselines.py" ]; then
     run 300 python3 "$root/perf_tests/baselines.py" cl
-    run 180 python3 "$root/perf_tests/torch_fp32_cross_entropy.py" 4096 2048 65536
+    run 180 python3 "$root/perf_tests/torch_cross_entropy.py" 4096 2048 65536 --dtype fp32
   else
     echo "(no perf_tests/baselines.py: copy shared/bench/baselines.py there for the PyTorch baselines)" | tee -a "$log"
   fi

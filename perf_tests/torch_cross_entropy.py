@@ -1,13 +1,16 @@
-"""PyTorch fp32 cross-entropy with TF32 off, logits materialized: the baseline of issue 12's
-exact-float32 cross-entropy target (N=4096 D=2048 V=65536), which shared/bench/baselines.py
-(bf16 cross-entropy only) does not measure. Same inputs as its ce() (e ~ N(0,1), c ~ N(0,1) *
-4/sqrt(D), uniform targets, generator seed 0) in float32, timed and measured with its own helpers:
-copy it next to this file first (perf_tests/baselines.py, gitignored).
+"""PyTorch cross-entropy with the logits materialized, in the cases shared/bench/baselines.py
+(bf16 only, no softcap) does not measure: fp32 with TF32 off (issue 12's exact-float32 target,
+N=4096 D=2048 V=65536), fp16, and Gemma 2's logit softcap (logits s tanh(x / s), in float32 as
+Gemma computes them). Same inputs as baselines.py's ce() (e ~ N(0,1), c ~ N(0,1) * 4/sqrt(D),
+uniform targets, generator seed 0, drawn in float32 and then cast), timed and measured with its
+own helpers: copy it next to this file first (perf_tests/baselines.py, gitignored). With bf16 and
+no softcap this is baselines.py's ce() itself (same loss, same timing).
 
-    python3 perf_tests/torch_fp32_cross_entropy.py [N D V]
+    python3 perf_tests/torch_cross_entropy.py [N D V] [--dtype fp32|bf16|fp16] [--softcap S]
 
-Prints one JSON line, like baselines.py.
+Defaults: 4096 2048 65536, fp32, no softcap. Prints one JSON line, like baselines.py.
 """
+import argparse
 import json
 import math
 import os
@@ -18,16 +21,23 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from baselines import dev, peak_mib, timeit  # noqa: E402
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-def ce_fp32(N, D, V, s=4.0):
+
+def cross_entropy(N, D, V, dtype="fp32", softcap=0.0, s=4.0):
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device=dev).manual_seed(0)
-    e = torch.randn(N, D, device=dev, generator=g)
-    c = torch.randn(V, D, device=dev, generator=g) * (s / math.sqrt(D))
+    e = torch.randn(N, D, device=dev, generator=g).to(DTYPES[dtype])
+    c = (torch.randn(V, D, device=dev, generator=g) * (s / math.sqrt(D))).to(DTYPES[dtype])
     t = torch.randint(0, V, (N,), device=dev, generator=g)
     e.requires_grad_(True)
     c.requires_grad_(True)
-    loss_fn = lambda: F.cross_entropy(e @ c.T, t)  # noqa: E731
+
+    def loss_fn():
+        logits = (e @ c.T).float()
+        if softcap > 0:
+            logits = softcap * torch.tanh(logits / softcap)
+        return F.cross_entropy(logits, t)
 
     def fw():
         with torch.no_grad():
@@ -38,11 +48,19 @@ def ce_fp32(N, D, V, s=4.0):
         c.grad = None
         loss_fn().backward()
 
-    print(json.dumps(dict(kind="ce", method="torch_materialized", N=N, D=D, V=V, dtype="fp32", tf32=False,
-                          loss=loss_fn().item(), fw_ms=timeit(fw), fwbw_ms=timeit(fwbw),
+    print(json.dumps(dict(kind="ce", method="torch_materialized", N=N, D=D, V=V, dtype=dtype, tf32=False,
+                          softcap=softcap, loss=loss_fn().item(), fw_ms=timeit(fw), fwbw_ms=timeit(fwbw),
                           fw_MiB=peak_mib(fw), fwbw_MiB=peak_mib(fwbw))), flush=True)
 
 
 if __name__ == "__main__":
-    sizes = [int(a) for a in sys.argv[1:4]] if len(sys.argv) >= 4 else [4096, 2048, 65536]
-    ce_fp32(*sizes)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shape", nargs="*", type=int, default=[4096, 2048, 65536], metavar="N D V")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--softcap", type=float, default=0.0, metavar="S", help="logits S tanh(x / S); 0: off")
+    args = parser.parse_args()
+    if len(args.shape) != 3 or min(args.shape) <= 0:
+        parser.error(f"shape: expected three positive sizes N D V, got {args.shape}")
+    if args.softcap < 0 or not math.isfinite(args.softcap):
+        parser.error(f"--softcap: expected a finite value >= 0, got {args.softcap}")
+    cross_entropy(*args.shape, dtype=args.dtype, softcap=args.softcap)

@@ -154,36 +154,38 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   // H200s, 2026-11-29: 2.10 ms for its 2.1 GB with both per eight, 1.42-1.79 ms so).
   // IN_FLIGHT eights per thread are loaded before any is written back, since the stores go to
   // the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s of
-  // 2026-11-26: 2.22 ms before, 2.13 after, for its 4.2 GB).
+  // 2026-11-26: 2.22 ms before, 2.13 after, for its 4.2 GB). 8 instead of 4, so that a panel of
+  // 1056 eights takes one round instead of two, made fp16's step at N=8192 in 256 MiB no faster
+  // (one H200, 2026-11-29: 51.29, 51.45 ms against 50.71, 50.08).
   constexpr index_t TILE = FusedBackwardPlan::TILE_N, WINDOW_TILES = 256;
+  constexpr int IN_FLIGHT = 4;
   __shared__ float4 window[WINDOW_TILES];
   const auto each_eight = [&](auto&& per_tile, auto&& f) {
-    constexpr int IN_FLIGHT = 4;
     const index_t segment = kept.panel > 0 ? kept.panel : cols;  // columns at one pointer: a panel, or the row
-    for (index_t panel_begin = 0; panel_begin < cols; panel_begin += segment) {
-      const index_t panel_end = panel_begin + segment < cols ? panel_begin + segment : cols;
-      for (index_t begin = panel_begin; begin < panel_end; begin += WINDOW_TILES * TILE) {  // multiples of TILE
-        const index_t end = begin + WINDOW_TILES * TILE < panel_end ? begin + WINDOW_TILES * TILE : panel_end;
-        __syncthreads();  // the previous window's values are read
-        for (index_t i = threadIdx.x; i < (end - begin + TILE - 1) / TILE; i += blockDim.x)
-          window[i] = per_tile(*reinterpret_cast<const float4*>(row_shift + 4 * (begin / TILE + i)));
-        __syncthreads();
-        // ld, panel and panel_stride are multiples of 8: the eights are 16-byte aligned.
-        Eight* const eights_at = reinterpret_cast<Eight*>(kept.at<T>(p, begin));
-        const index_t eights = (end - begin + 7) / 8, stride = index_t(blockDim.x);
-        for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
-          Eight in[IN_FLIGHT];
+    // A window ends at its panel's end or after WINDOW_TILES tiles: begin stays a multiple of
+    // TILE, as a panel's width is one.
+    for (index_t begin = 0, end; begin < cols; begin = end) {
+      const index_t next_panel = begin - begin % segment + segment, panel_end = next_panel < cols ? next_panel : cols;
+      end = begin + WINDOW_TILES * TILE < panel_end ? begin + WINDOW_TILES * TILE : panel_end;
+      __syncthreads();  // the previous window's values are read
+      for (index_t i = threadIdx.x; i < (end - begin + TILE - 1) / TILE; i += blockDim.x)
+        window[i] = per_tile(*reinterpret_cast<const float4*>(row_shift + 4 * (begin / TILE + i)));
+      __syncthreads();
+      // ld, panel and panel_stride are multiples of 8: the eights are 16-byte aligned.
+      Eight* const eights_at = reinterpret_cast<Eight*>(kept.at<T>(p, begin));
+      const index_t eights = (end - begin + 7) / 8, stride = index_t(blockDim.x);
+      for (index_t first_eight = threadIdx.x; first_eight < eights; first_eight += IN_FLIGHT * stride) {
+        Eight in[IN_FLIGHT];
 #pragma unroll
-          for (int u = 0; u < IN_FLIGHT; ++u)
-            if (first_eight + u * stride < eights) in[u] = eights_at[first_eight + u * stride];
+        for (int u = 0; u < IN_FLIGHT; ++u)
+          if (first_eight + u * stride < eights) in[u] = eights_at[first_eight + u * stride];
 #pragma unroll
-          for (int u = 0; u < IN_FLIGHT; ++u) {
-            const index_t eight = first_eight + u * stride;
-            if (eight >= eights) continue;
-            const float4 v = window[8 * eight / TILE];
-            const float values[4] = {v.x, v.y, v.z, v.w};
-            eights_at[eight] = f(in[u], values, begin + 8 * eight);
-          }
+        for (int u = 0; u < IN_FLIGHT; ++u) {
+          const index_t eight = first_eight + u * stride;
+          if (eight >= eights) continue;
+          const float4 v = window[8 * eight / TILE];
+          const float values[4] = {v.x, v.y, v.z, v.w};
+          eights_at[eight] = f(in[u], values, begin + 8 * eight);
         }
       }
     }
