@@ -376,31 +376,34 @@ TEST(HopperStepPlan, NoPlanBelowTheSmallestChunk) {
 
 // Below the chunks, the step keeps the exponentials of a prefix of the columns in dC's storage
 // (hopper_step_plan.hpp, KeptColumnsPlan), in panels placed past dC's rows of each: as many as
-// fit there, the fused backward's panels for the rest, within the budget.
+// fit there, then as many as the budget leaves in the workspace (the tail), the fused backward's
+// panels for the rest, within the budget.
 using tlse::impl::cuda::KeptColumnsPlan;
 
 TEST(HopperKeptColumnsPlan, TheIssueShapesAtTheDefaultBudget) {
   struct Case {
-    std::int64_t rows, cols, depth, panel, kept;
+    std::int64_t rows, cols, depth, panel, in_gradient, kept;
   };
   // The width whose dC panel products fill whole waves of 132 SMs best (8448: 1056 tiles, 8
-  // waves), about half the classes at N = 2 D, 92% at N = D; the unit test's shape in 5 panels.
-  for (const Case c : {Case{8192, 128256, 4096, 8448, 59136}, Case{4096, 128256, 4096, 8448, 118272},
-                       Case{8192, 256000, 2304, 11264, 67584}, Case{150, 12001, 136, 1792, 8960}}) {
+  // waves), about half the classes at N = 2 D in dC, 92% at N = D and one more panel (of the
+  // 1.4 left) in the workspace; the unit test's shape in 5 panels and one in the workspace.
+  for (const Case c : {Case{8192, 128256, 4096, 8448, 7, 59136}, Case{4096, 128256, 4096, 8448, 14, 126720},
+                       Case{8192, 256000, 2304, 11264, 6, 67584}, Case{150, 12001, 136, 1792, 5, 10752}}) {
     const std::size_t budget = c.rows == 150 ? 3 * MiB : 256 * MiB;
     SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " x " + std::to_string(c.depth));
     EXPECT_FALSE(StepPlan::make(c.rows, c.cols, c.depth, budget, H200_SMS).fits);
     const KeptColumnsPlan p = KeptColumnsPlan::make(c.rows, c.cols, c.depth, budget, H200_SMS);
     ASSERT_TRUE(p.fits);
     EXPECT_EQ(p.panel, c.panel);
+    EXPECT_EQ(p.panels_in_gradient, c.in_gradient);
     EXPECT_EQ(p.kept, c.kept);
     EXPECT_EQ(p.panel % KeptColumnsPlan::TILE_N, 0);
     EXPECT_EQ(p.kept % p.panel, 0);
     // Panel k's exponentials lie past dC's rows of panels 0..k and within dC's cols x depth.
-    for (std::int64_t k = 0; k < p.kept_panels(); ++k)
+    for (std::int64_t k = 0; k < p.panels_in_gradient; ++k)
       EXPECT_GE(p.exponentials_offset() + k * p.panel_stride(), (k + 1) * p.panel * p.depth);
     EXPECT_GE(p.panel_stride(), p.rows * p.ld_exponentials());
-    EXPECT_LE(p.exponentials_offset() + p.kept_panels() * p.panel_stride(), p.cols * p.depth);
+    EXPECT_LE(p.exponentials_offset() + p.panels_in_gradient * p.panel_stride(), p.cols * p.depth);
     EXPECT_LE(p.bytes, budget);
     EXPECT_FALSE(p.panels.two_passes());
     EXPECT_EQ(p.panels.cols, c.cols - c.kept);
@@ -425,6 +428,52 @@ TEST(HopperKeptColumnsPlan, SharesTheSpacePastTheAccumulator) {
   EXPECT_LE(reinterpret_cast<const char*>(b.partials) + 2 * KeptColumnsPlan::MAX_SWEEP_SPLITS * p.rows * sizeof(float),
             reinterpret_cast<const char*>(b.row_target_logit));
   EXPECT_LE(reinterpret_cast<const char*>(b.row_target_logit + p.rows), base + p.bytes);
+}
+
+TEST(HopperKeptColumnsPlan, KeepsMorePanelsInTheWorkspaceAsTheBudgetGrows) {
+  // N=8192 D=4096 V=128256: dC holds 7 panels of 8448; each 132 MiB more budget holds one more
+  // panel in the workspace, up to every whole panel but the last columns (15 x 8448 = 126720: the
+  // fused backward takes the other 1536) from 1.25 GiB; StepPlan's one chunk from 2.1 GiB.
+  std::int64_t kept_before = 0;
+  for (const std::size_t budget : {256 * MiB, 384 * MiB, 512 * MiB, 768 * MiB, GiB, 1280 * MiB, 2 * GiB}) {
+    SCOPED_TRACE(std::to_string(budget / MiB) + " MiB");
+    const KeptColumnsPlan p = KeptColumnsPlan::make(8192, 128256, 4096, budget, H200_SMS);
+    ASSERT_TRUE(p.fits);
+    EXPECT_EQ(p.panel, 8448);
+    EXPECT_EQ(p.panels_in_gradient, 7);
+    EXPECT_GE(p.kept, kept_before);
+    EXPECT_LT(p.kept, p.cols);
+    EXPECT_EQ(p.panels.cols, p.cols - p.kept);
+    EXPECT_LE(p.bytes, budget);
+    if (p.kept + p.panel < p.cols) {  // one more panel in the tail would not fit, split or not
+      for (const bool split : {true, false})
+        EXPECT_FALSE(KeptColumnsPlan::with_kept(8192, 128256, 4096, p.panel, p.panels_in_gradient, p.tail_panels() + 1,
+                                                budget, H200_SMS, split)
+                         .fits);
+    }
+    // The tail lies past the kept side's other arrays, after the accumulator, within the workspace.
+    char* base = reinterpret_cast<char*>(std::uintptr_t(1) << 20);
+    tlse::impl::WorkspaceCarver carver(base);
+    const KeptColumnsPlan::Buffers b = p.carve(carver);
+    EXPECT_GE(static_cast<const char*>(b.tail), reinterpret_cast<const char*>(b.row_target_logit + p.rows));
+    EXPECT_GE(static_cast<const char*>(b.tail), reinterpret_cast<const char*>(b.panels.acc + p.rows * p.depth));
+    EXPECT_LE(static_cast<const char*>(b.tail) + p.tail_panels() * p.tail_stride() * 2, base + p.bytes);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.tail) % 16, 0u);
+    kept_before = p.kept;
+  }
+  EXPECT_EQ(kept_before, 126720);
+  EXPECT_FALSE(StepPlan::make(8192, 128256, 4096, 2 * GiB, H200_SMS).fits);
+}
+
+TEST(HopperKeptColumnsPlan, PrefersMoreKeptColumnsToSplitProducts) {
+  // 300 x 12001 x 136 under 6 MiB: the products' K splits (14 x 300 x 136 floats of partials)
+  // would leave no room for the tail; unsplit, two panels of 3584 fit there besides dC's one.
+  const KeptColumnsPlan p = KeptColumnsPlan::make(300, 12001, 136, 6 * MiB, H200_SMS);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.panels_in_gradient, 1);
+  EXPECT_EQ(p.kept, 3 * p.panel);
+  EXPECT_EQ(p.k_splits_rows, 1);
+  EXPECT_LE(p.bytes, 6 * MiB);
 }
 
 TEST(HopperKeptColumnsPlan, NoneWhereLittleWouldBeKeptOrNothingFits) {

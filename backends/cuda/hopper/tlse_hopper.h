@@ -92,7 +92,11 @@ typedef struct {
  * most cols.count: the other tiles only fold into the row states); with exponentials_panel = P >
  * 0 (a multiple of TLSE_HOP_TILE_N) in panels of P columns instead, column col of panel k = col /
  * P at exponentials[k * exponentials_panel_stride + row * ld_exponentials + col - k P] (the
- * stride a multiple of 8, at least rows.count * ld_exponentials). r should be a logit of the row
+ * stride a multiple of 8, at least rows.count * ld_exponentials), except that with
+ * exponentials_tail (16-byte aligned) the panels from t = exponentials_tail_panel on lie there,
+ * one after another: panel k >= t at exponentials_tail[(k - t) * rows.count * ld_exponentials +
+ * row * ld_exponentials + col - k P] (the training step keeps panels in its caller's gradient
+ * storage and, past it, in its workspace). r should be a logit of the row
  * (the training step's target logit): what lies 87 below it is lost to the row's exponentials and
  * its LSE state. Where every part of a row is under r, the
  * row's softmax is exp(r - lse) times its exponentials, and the products can take them as they are
@@ -117,6 +121,8 @@ typedef struct {
   int64_t exponentials_cols;           /**< the columns below it are kept; 0: every column */
   int64_t exponentials_panel;          /**< 0: the kept columns in one matrix; else columns per panel */
   int64_t exponentials_panel_stride;   /**< with exponentials_panel: elements from a panel to the next */
+  void* exponentials_tail;             /**< with exponentials_panel: the panels from the next on; NULL: none */
+  int64_t exponentials_tail_panel;     /**< with exponentials_tail: the first panel there */
   int64_t max_col_splits;              /**< at most this many column splits */
   int64_t max_row_groups;              /**< at most this many row groups */
   int64_t col_splits;                  /**< out: the column splits the call used */

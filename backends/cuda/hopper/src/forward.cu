@@ -57,16 +57,29 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
                  4 * ((kept + TILE_N - 1) / TILE_N),
                  a.exponentials_row_shift,
                  kept,
-                 int32_t(a.exponentials_panel > 0 ? a.exponentials_panel / TILE_N : col_tiles)};
+                 int32_t(a.exponentials_panel > 0 ? a.exponentials_panel / TILE_N : col_tiles),
+                 CUtensorMap{},
+                 INT32_MAX};
   if constexpr (KeepExponentials) {
-    // A three-dimensional map in every case: the panels are its layers (one without panels).
+    // A three-dimensional map in every case: the panels are its layers (one without panels), and
+    // the tail's panels those of a second map.
     const bool panels = a.exponentials_panel > 0;
-    if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
-                                          StagedStore::type_of<Input>(), a.exponentials, a.rows.count,
-                                          panels ? a.exponentials_panel : kept, a.ld_exponentials,
-                                          panels ? (kept + a.exponentials_panel - 1) / a.exponentials_panel : 1,
-                                          panels ? a.exponentials_panel_stride : a.rows.count * a.ld_exponentials))
-      return error;
+    const int64_t layers = panels ? (kept + a.exponentials_panel - 1) / a.exponentials_panel : 1;
+    const int64_t first_layers = a.exponentials_tail ? a.exponentials_tail_panel : layers;
+    if (first_layers > 0)
+      if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
+                                            StagedStore::type_of<Input>(), a.exponentials, a.rows.count,
+                                            panels ? a.exponentials_panel : kept, a.ld_exponentials, first_layers,
+                                            panels ? a.exponentials_panel_stride : a.rows.count * a.ld_exponentials))
+        return error;
+    if (a.exponentials_tail) {
+      kp.epilogue.exponentials_tail_panel = int32_t(a.exponentials_tail_panel);
+      if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials_tail",
+                                            kp.epilogue.exponentials_tail_map, StagedStore::type_of<Input>(),
+                                            a.exponentials_tail, a.rows.count, a.exponentials_panel, a.ld_exponentials,
+                                            layers - first_layers, a.rows.count * a.ld_exponentials))
+        return error;
+    }
   }
   return launch("tlse_hop_lse_forward", kp, stream);
 }
@@ -117,6 +130,17 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
                                          "least rows.count * ld_exponentials (" +
                                          std::to_string(a->rows.count * a->ld_exponentials) + "), got " +
                                          std::to_string(a->exponentials_panel_stride));
+  if (a->exponentials && a->exponentials_tail) {
+    const int64_t panels =
+        a->exponentials_panel > 0 ? (kept_columns(*a) + a->exponentials_panel - 1) / a->exponentials_panel : 0;
+    if (panels == 0 || a->exponentials_tail_panel < 0 || a->exponentials_tail_panel >= panels ||
+        reinterpret_cast<std::uintptr_t>(a->exponentials_tail) % 16 != 0)
+      return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                           ": exponentials_tail takes panels (exponentials_panel > 0), 16-byte "
+                                           "aligned, from exponentials_tail_panel in [0, " +
+                                           std::to_string(panels) + "), got " +
+                                           std::to_string(a->exponentials_tail_panel));
+  }
   if (a->exponentials && !a->exponentials_shift)
     return fail(TLSE_HOP_E_ARGUMENT,
                 std::string(call) + ": exponentials are kept with their exponentials_shift, which is NULL");

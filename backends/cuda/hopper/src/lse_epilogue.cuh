@@ -30,6 +30,8 @@ struct LseForwardParams {
   const float* exponentials_row_shift;  // by row, or nullptr (every part under its own max)
   int64_t exponentials_cols;            // the tiles below it are kept (a multiple of TILE_N, or every column)
   int32_t exponentials_panel_tiles;     // column tiles per layer of exponentials_map (a panel)
+  CUtensorMap exponentials_tail_map;    // the panels from exponentials_tail_panel on, where they lie apart
+  int32_t exponentials_tail_panel;      // INT32_MAX: none
 };
 
 /// General: some tile may need the general logit model (bias, softcap, masks, column ids; the
@@ -216,9 +218,12 @@ struct LseForwardEpilogue {
   template <class Acc>
   __device__ __forceinline__ void keep_tile(const Acc& acc, const Fragment& c, int64_t row0, int m, int n) {
     const int panel = n / p.exponentials_panel_tiles;
+    const bool tail = panel >= p.exponentials_tail_panel;
     StagedStore::put_rows<T, true>(
-        s.staged, ct >> 5, ct & 31, p.exponentials_map, m, n - panel * p.exponentials_panel_tiles, c,
-        [&](int r, int j) { return kept_shift[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j); }, panel);
+        s.staged, ct >> 5, ct & 31, tail ? p.exponentials_tail_map : p.exponentials_map, m,
+        n - panel * p.exponentials_panel_tiles, c,
+        [&](int r, int j) { return kept_shift[r] == NEG_INF ? 0.f : Fragment::at(acc, r, j); },
+        tail ? panel - p.exponentials_tail_panel : panel);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row0 + c.row(r);

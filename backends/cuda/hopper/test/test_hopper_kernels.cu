@@ -275,21 +275,27 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
 /// pads each row: TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the
 /// shifts. keep_cols > 0: only the columns below it are kept (exponentials_cols), the LSEs over
 /// every column; panel > 0: in panels of that many columns (exponentials_panel), a gap of 24
-/// values between them.
+/// values between them; tail_panel >= 0: the panels from it on in the tail (exponentials_tail),
+/// 40 values past the others' end, packed.
 void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double scale, bool shifted,
-                             int64_t keep_cols = 0, int64_t panel = 0) {
+                             int64_t keep_cols = 0, int64_t panel = 0, int64_t tail_panel = -1) {
   const bool fp16 = dtype == TLSE_HOP_FP16;
   const int64_t K = keep_cols > 0 ? keep_cols : C;                    // the kept columns
   const int64_t P = panel > 0 ? panel : K, layers = (K + P - 1) / P;  // columns per panel, panels
+  const int64_t first_layers = tail_panel >= 0 ? tail_panel : layers;
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(0.5), B.fill(0.5);
   const std::vector<double> x = logits(A, B, scale);
   void *dA = A.device(), *dB = B.device();
   const int64_t ld = (P + 7) / 8 * 8 + 8, max_splits = 8, ldm = 4 * ((K + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N);
   const int64_t stride = R * ld + (panel > 0 ? 24 : 0);  // from a panel to the next
+  const int64_t tail_at = first_layers * stride + 40;    // where the tail's panels begin (16-byte aligned)
+  const auto layer_at = [&](int64_t layer) {
+    return layer < first_layers ? layer * stride : tail_at + (layer - first_layers) * R * ld;
+  };
   const uint16_t sentinel = 0x7fc1;  // a NaN the kernel does not produce
   const float max_sentinel = 12345.f;
-  const std::vector<uint16_t> init(size_t(layers * stride + ld), sentinel);  // a sentinel row past the end
+  const std::vector<uint16_t> init(size_t(layer_at(layers) + ld), sentinel);  // a sentinel row past the end
   const std::vector<float> init_max(size_t((R + 1) * ldm), max_sentinel);
   std::vector<float> row_shift(size_t(R), -INFINITY);
   std::uniform_int_distribution<int64_t> column(0, C - 1);
@@ -314,13 +320,15 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
   a.exponentials_row_shift = shifted ? d_row_shift : nullptr;
   a.exponentials_cols = keep_cols;
   a.exponentials_panel = panel, a.exponentials_panel_stride = panel > 0 ? stride : 0;
+  if (tail_panel >= 0) a.exponentials_tail = kept + tail_at, a.exponentials_tail_panel = tail_panel;
   a.max_col_splits = max_splits, a.max_row_groups = 1;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::string name = std::string(fp16 ? "fp16" : "bf16") + " kept exponentials " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + (shifted ? ", row shifts" : "") +
                            (keep_cols > 0 ? ", columns below " + std::to_string(keep_cols) + " kept" : "") +
-                           (panel > 0 ? " in panels of " + std::to_string(panel) : "");
+                           (panel > 0 ? " in panels of " + std::to_string(panel) : "") +
+                           (tail_panel >= 0 ? ", from panel " + std::to_string(tail_panel) + " in the tail" : "");
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
   } else {
@@ -368,21 +376,21 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
           std::max(worst_lse, std::fabs(merge_lse(row_max, row_sum, a.col_splits, R, i) - lse_along(x, i * C, 1, C)) /
                                   (std::ldexp(1.0, -20) * (amax + 1) * std::sqrt(double(D)) + 1e-5));
     }
-    for (int64_t q = 0; q < int64_t(h.size()); ++q) {
-      const int64_t layer = q / stride, i = q % stride / ld, jl = q % stride % ld, j = layer * P + jl;
-      const uint16_t got = h[size_t(q)];
-      if (layer >= layers || i >= R || jl >= (P + 7) / 8 * 8 || j >= (K + 7) / 8 * 8) {
-        outside += got != sentinel;
-        continue;
-      }
-      if (j >= K) continue;  // the row's last 16-byte chunk: written whole, values not to be read
-      const double s = hm[size_t(i * ldm + slot(j))];
-      const double ref = std::exp(x[i * C + j] - s);
-      const double tol = ref * (std::ldexp(1.0, fp16 ? -11 : -8) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -21)) +
-                         (fp16 ? 0x1p-25 : 0x1p-126);
-      const double e = element_value(dtype, reinterpret_cast<const unsigned char*>(&got));
-      worst_e = std::isnan(e) ? INFINITY : std::max(worst_e, std::fabs(e - ref) / tol);
-    }
+    std::vector<bool> inside(h.size(), false);  // where the kernel may write: each row's values and last chunk
+    for (int64_t layer = 0; layer < layers; ++layer)
+      for (int64_t i = 0; i < R; ++i)
+        for (int64_t jl = 0; jl < (P + 7) / 8 * 8 && layer * P + jl < (K + 7) / 8 * 8; ++jl) {
+          const int64_t q = layer_at(layer) + i * ld + jl, j = layer * P + jl;
+          inside[size_t(q)] = true;
+          if (j >= K) continue;  // the row's last 16-byte chunk: written whole, values not to be read
+          const double s = hm[size_t(i * ldm + slot(j))];
+          const double ref = std::exp(x[i * C + j] - s);
+          const double tol = ref * (std::ldexp(1.0, fp16 ? -11 : -8) + std::expm1(x_tol(i, j)) + std::ldexp(1.0, -21)) +
+                             (fp16 ? 0x1p-25 : 0x1p-126);
+          const double e = element_value(dtype, reinterpret_cast<const unsigned char*>(&h[size_t(q)]));
+          worst_e = std::isnan(e) ? INFINITY : std::max(worst_e, std::fabs(e - ref) / tol);
+        }
+    for (size_t q = 0; q < h.size(); ++q) outside += !inside[q] && h[q] != sentinel;
     char buf[240];
     std::snprintf(buf, sizeof buf,
                   ": parts under the row's shift %ld, their own max %ld; error/tolerance shift %.3f, e %.3f, lse "
@@ -858,7 +866,14 @@ void check_arguments() {
   a.exponentials_cols = 0, a.exponentials_panel = 256, a.exponentials_panel_stride = 304;
   refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_panel_stride must be a multiple of 8 of at least",
           "forward: panels closer than their rows");
-  a.exponentials_panel = 0;
+  a.exponentials_panel_stride = 100 * 304, a.exponentials_tail = data, a.exponentials_tail_panel = 2;
+  refused(tlse_hop_lse_forward(&a, nullptr),
+          "exponentials_tail takes panels (exponentials_panel > 0), 16-byte aligned, from exponentials_tail_panel in "
+          "[0, 2), got 2",
+          "forward: a tail past the last panel");
+  a.exponentials_tail_panel = 1, a.exponentials_tail = data + 8;
+  refused(tlse_hop_lse_forward(&a, nullptr), "16-byte aligned", "forward: a misaligned tail");
+  a.exponentials_tail = nullptr, a.exponentials_panel = 0;
   a.rows.position = reinterpret_cast<const int32_t*>(data);
   refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: exponentials by position");
   a.rows.position = nullptr, a.dtype = TLSE_HOP_TF32;
@@ -939,6 +954,7 @@ int main() {
       check_kept_exponentials(dtype, 129, 2050, 72, 30.0, shifted);
       check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted, 512);        // a prefix of the columns
       check_kept_exponentials(dtype, 300, 1500, 200, 1.0, shifted, 1280, 512);  // in panels, the last one partial
+      check_kept_exponentials(dtype, 300, 1800, 200, 1.0, shifted, 1536, 256, 2);  // panels 2-5 in the tail
     }
   std::printf("backward (gradient panel, products):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {

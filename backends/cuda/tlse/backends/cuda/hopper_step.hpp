@@ -15,14 +15,12 @@
 //      the chunk's gradient rows;
 //   4. dB (+)= G^T A_chunk = E'^T A': written, or summed over the chunks in an fp32 accumulator.
 // Under a budget that holds no chunk, the same kernels keep the exponentials of a part of the
-// columns in the caller's dB instead (run_kept_columns). Fixed order, fixed-order sums, no
-// atomics: bitwise reproducible. No gradient filtering (every entry of G is computed anyway) and
-// the columns in their stored order.
-// fp16, as in the fused backward (hopper_backward.hpp): entries like p / N fall below its range,
-// so G, or A' where G = diag(c) E', is stored times one power of two for the chunk (half of
-// row_scale_for of the rows' term bounds, from their LSEs: row_bound_kernel, step_factor_kernel),
-// and the products that read it multiply their output by the inverse, exactly. E' itself needs
-// none: the kernel puts it at most 2^15 with its fp32 row factor c.
+// columns in the caller's dB, and past it in the workspace, instead (run_kept_columns). Fixed order, fixed-order sums,
+// no atomics: bitwise reproducible. No gradient filtering (every entry of G is computed anyway) and the columns in
+// their stored order. fp16, as in the fused backward (hopper_backward.hpp): entries like p / N fall below its range, so
+// G, or A' where G = diag(c) E', is stored times one power of two for the chunk (half of row_scale_for of the rows'
+// term bounds, from their LSEs: row_bound_kernel, step_factor_kernel), and the products that read it multiply their
+// output by the inverse, exactly. E' itself needs none: the kernel puts it at most 2^15 with its fp32 row factor c.
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/hopper_backward.hpp>
 #include <tlse/backends/cuda/hopper_step_plan.hpp>
@@ -84,14 +82,23 @@ __global__ void step_factor_kernel(const float* bound, index_t rows, float logit
 
 /// Where the forward kept the exponentials of a chunk's rows (bf16 or fp16): row p's of column j at
 /// p * ld + j, or in panels of `panel` columns (a multiple of 8), panel k = j / panel at
-/// k * panel_stride + p * ld + j - k * panel.
+/// panel_data(k) + p * ld + j - k * panel: data + k * panel_stride, or from panel tail_panel on
+/// (where tail is set) tail + (k - tail_panel) * tail_stride (tlse_hop_forward_args'
+/// exponentials_tail).
 struct KeptLayout {
   void* data = nullptr;
   index_t ld = 0, panel = 0, panel_stride = 0;
+  void* tail = nullptr;
+  index_t tail_panel = 0, tail_stride = 0;
+  template <class T>
+  __host__ __device__ T* panel_data(index_t k) const {
+    return tail && k >= tail_panel ? static_cast<T*>(tail) + (k - tail_panel) * tail_stride
+                                   : static_cast<T*>(data) + k * panel_stride;
+  }
   template <class T>
   __device__ T* at(index_t p, index_t j) const {
     const index_t k = panel > 0 ? j / panel : 0;
-    return static_cast<T*>(data) + k * panel_stride + p * ld + (j - k * panel);
+    return panel_data<T>(k) + p * ld + (j - k * panel);
   }
 };
 
@@ -423,7 +430,8 @@ struct LseStepHopper {
   /// them); where some are not scored (a row index) those have no target and weigh nothing (g = c
   /// = 0: their rows of G, A' and dA are 0), and the target logits go by row:
   ///   1. the forward over every column, keeping the exponentials of the first `kept` columns in
-  ///      panels in dB's storage, each past dB's rows of the panels up to its own;
+  ///      panels in dB's storage, each past dB's rows of the panels up to its own, and those past
+  ///      what dB's storage holds in the workspace's tail;
   ///   2. exponentials_to_gradient_kernel over those columns (the row LSEs, g, c, and A' in dA's
   ///      storage);
   ///   3. per kept panel k: dB_k = E_k'^T A' (or G_k^T A under a softcap) into dB's rows of the
@@ -445,8 +453,9 @@ struct LseStepHopper {
     if (!plan.fits) return false;
     WorkspaceCarver carver(aligned_base(r.scratch));
     const KeptColumnsPlan::Buffers buf = plan.carve(carver);
-    const KeptLayout kept{r.grad_cols + plan.exponentials_offset(), plan.ld_exponentials(), plan.panel,
-                          plan.panel_stride()};
+    const KeptLayout kept{
+        r.grad_cols + plan.exponentials_offset(),    plan.ld_exponentials(),  plan.panel,        plan.panel_stride(),
+        plan.tail_panels() > 0 ? buf.tail : nullptr, plan.panels_in_gradient, plan.tail_stride()};
     const bool factored = !(prob.logit.softcap > 0.f);
     const T* rows = prob.rows.data;
     const float* target_logit = r.target_logit;  // by row
@@ -472,7 +481,7 @@ struct LseStepHopper {
     check_launch("exponentials_to_gradient_kernel");
 
     for (index_t k = 0; k < plan.kept_panels(); ++k) {
-      const T* panel = static_cast<const T*>(kept.data) + k * kept.panel_stride;
+      const T* panel = kept.panel_data<T>(k);
       tlse_hop_product_args p = exponentials_product<T>(panel, kept.ld, D, buf.k_partials, plan.k_partial_floats(),
                                                         plan.k_splits_cols, factor);
       p.a_transposed = 1;  // dB_k = G_k^T A
@@ -521,6 +530,7 @@ struct LseStepHopper {
     f.exponentials_row_shift = scaled<T> ? nullptr : row_shift;  // fp16: every part under its own (tlse_hopper.h)
     f.exponentials_cols = kept_cols;
     f.exponentials_panel = kept.panel, f.exponentials_panel_stride = kept.panel_stride;
+    f.exponentials_tail = kept.tail, f.exponentials_tail_panel = kept.tail_panel;
     f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
     check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
     f.row_sum = partials + f.col_splits * count;

@@ -111,13 +111,16 @@ struct StepPlan {
 
 /// The step under a budget that holds no chunk of rows (StepPlan) but does hold the fused
 /// backward's buffers, for a call that writes dA and dB (not adding into them): the forward keeps
-/// the exponentials of the first `kept` columns only, in panels of `panel` columns, and in dB's
-/// storage (cols x depth 16-bit, the caller's, written only at the end of its use here). Panel k's
-/// exponentials (rows x panel) lie past dB's rows of panels 0..k, since dB_k = E_k'^T A' writes
-/// those rows while it reads them: at panel x depth + k x stride, stride = panel x max(rows, depth)
-/// elements. A' = diag(c) A lives in dA's storage until dA is written from the accumulator. The
-/// kept columns take 3 products (the forward, dB_k, dA += G_k B_k into the accumulator), the others
-/// the fused backward's panels (4), which add into the same accumulator in order.
+/// the exponentials of the first `kept` columns only, in panels of `panel` columns, first in dB's
+/// storage (cols x depth 16-bit, the caller's, written only at the end of its use here), then, as
+/// far as the budget allows, in the workspace (the tail). Panel k's exponentials (rows x panel)
+/// in dB's storage lie past dB's rows of panels 0..k, since dB_k = E_k'^T A' writes those rows
+/// while it reads them: at panel x depth + k x stride, stride = panel x max(rows, depth) elements;
+/// the tail's panels follow each other, rows x panel elements apart, and their dB_k overwrite only
+/// panels already used. A' = diag(c) A lives in dA's storage until dA is written from the
+/// accumulator. The kept columns take 3 products (the forward, dB_k, dA += G_k B_k into the
+/// accumulator), the others the fused backward's panels (4), which add into the same accumulator
+/// in order.
 struct KeptColumnsPlan {
   static constexpr std::int64_t TILE_N = FusedBackwardPlan::TILE_N;
   static constexpr int MAX_SWEEP_SPLITS = FusedBackwardPlan::MAX_SWEEP_SPLITS;
@@ -133,12 +136,16 @@ struct KeptColumnsPlan {
   std::int64_t rows = 0, cols = 0, depth = 0;
   std::int64_t panel = 0;                    // kept columns per panel: a multiple of TILE_N
   std::int64_t kept = 0;                     // panels x panel, below cols
+  std::int64_t panels_in_gradient = 0;       // the first kept panels, in dB's storage; the others in the tail
   FusedBackwardPlan panels;                  // for the columns past `kept`
   int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G_k B_k (K = panel) and dB_k (K = rows)
   std::size_t bytes = 0;                     // workspace of the plan
   bool fits = false;
 
   std::int64_t kept_panels() const { return panel > 0 ? kept / panel : 0; }
+  std::int64_t tail_panels() const { return kept_panels() - panels_in_gradient; }
+  /// Elements from a panel of exponentials in the tail to the next.
+  std::int64_t tail_stride() const { return rows * panel; }
   std::int64_t ld_exponentials() const { return panel; }
   std::int64_t ld_shifts() const { return 4 * kept / TILE_N; }
   /// Elements from a panel of exponentials to the next: past the next panel's rows of dB.
@@ -160,6 +167,7 @@ struct KeptColumnsPlan {
     float* partials;    // MAX_SWEEP_SPLITS x 2 x rows: the forward's row LSE states
     float* k_partials;  // the kept products' K-split partials
     float* row_target_logit;  // rows: the target logits by row, where some rows are not scored
+    void* tail;               // tail_panels x rows x panel (16-bit): the kept panels past dB's storage
   };
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
@@ -167,6 +175,12 @@ struct KeptColumnsPlan {
     char* shared = c.take<char>(0);
     WorkspaceCarver panel_side(shared), kept_side(shared);
     b.panels = panels.carve(panel_side);
+    carve_kept_side(kept_side, b);
+    c.take<char>(std::int64_t(std::max(panel_side.bytes(), kept_side.bytes())));
+    return b;
+  }
+  /// The arrays used before the fused backward's panels, over their space.
+  void carve_kept_side(WorkspaceCarver& kept_side, Buffers& b) const {
     // The panels' factor and accumulator, carved first on both sides.
     kept_side.take<float>(FusedBackwardPlan::FACTOR_FLOATS);
     kept_side.take<float>(rows * depth);
@@ -175,22 +189,23 @@ struct KeptColumnsPlan {
     b.partials = kept_side.take<float>(std::int64_t(MAX_SWEEP_SPLITS) * 2 * rows);
     b.k_partials = kept_side.take<float>(k_partial_floats());
     b.row_target_logit = kept_side.take<float>(rows);
-    c.take<char>(std::int64_t(std::max(panel_side.bytes(), kept_side.bytes())));
-    return b;
+    b.tail = kept_side.take<std::uint16_t>(tail_panels() * tail_stride());
   }
   std::int64_t k_partial_floats() const {
     return std::max<std::int64_t>(k_splits_rows > 1 ? k_splits_rows * rows * depth : 0,
                                   k_splits_cols > 1 ? k_splits_cols * panel * depth : 0);
   }
 
-  /// The plan keeping `kept` columns in panels of `panel`, its products split in K where few
-  /// output tiles ask for it (split) or not, the panels' the one FusedBackwardPlan picks for the
-  /// rest under what the budget leaves; fits = false where those are the two passes (no
-  /// accumulator) or the whole exceeds the budget.
+  /// The plan keeping panels of `panel` columns, `in_gradient` of them in dB's storage and `tail`
+  /// more in the workspace, its products split in K where few output tiles ask for it (split) or
+  /// not, the panels' the one FusedBackwardPlan picks for the rest under what the budget leaves;
+  /// fits = false where those are the two passes (no accumulator) or the whole exceeds the budget.
   static KeptColumnsPlan with_kept(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::int64_t panel,
-                                   std::int64_t kept, std::size_t budget, int sms, bool split = true) {
+                                   std::int64_t in_gradient, std::int64_t tail, std::size_t budget, int sms,
+                                   bool split = true) {
     KeptColumnsPlan p;
-    p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel, p.kept = kept;
+    p.rows = rows, p.cols = cols, p.depth = depth, p.panel = panel;
+    p.kept = (in_gradient + tail) * panel, p.panels_in_gradient = in_gradient;
     if (split) {
       p.k_splits_rows = FusedBackwardPlan::product_k_splits(rows, depth, panel, sms, FusedBackwardPlan::K_STEP);
       p.k_splits_cols = FusedBackwardPlan::product_k_splits(panel, depth, rows, sms, FusedBackwardPlan::K_STEP);
@@ -198,7 +213,7 @@ struct KeptColumnsPlan {
     WorkspaceCarver g_only;
     g_only.take<float>(rows);
     if (budget <= g_only.bytes()) return p;
-    p.panels = FusedBackwardPlan::make(rows, cols - kept, depth, budget - g_only.bytes(), sms);
+    p.panels = FusedBackwardPlan::make(rows, cols - p.kept, depth, budget - g_only.bytes(), sms);
     WorkspaceCarver sizing;
     p.carve(sizing);
     p.bytes = sizing.bytes();
@@ -206,12 +221,14 @@ struct KeptColumnsPlan {
     return p;
   }
 
-  /// The panel width (up to FusedBackwardPlan::MAX_PANEL) whose kept columns save the most
-  /// (the wider on a tie), then the most of its panels that fit the budget (at least cols /
-  /// MIN_KEPT_PART columns), split products first; fits = false when none do. A kept column saves
-  /// its recomputation but for what dB_k's last wave leaves idle (efficiency e: its tiles over
-  /// whole waves of the device, 1 where K splits fill it): 2 - 1/e columns' worth of products,
-  /// less PANEL_COST_COLS per panel.
+  /// The panel width (up to FusedBackwardPlan::MAX_PANEL) whose kept columns in dB's storage
+  /// save the most (the wider on a tie), then the most of its panels that fit there and the
+  /// budget (at least cols / MIN_KEPT_PART columns), each with as many more in the tail as the
+  /// budget holds (leaving at least one column to the fused backward), the products split or
+  /// not, whichever keeps more columns (split on a tie: the splits' partials take space the
+  /// tail could use); fits = false when none do. A kept column saves its recomputation but for what dB_k's last wave
+  /// leaves idle (efficiency e: its tiles over whole waves of the device, 1 where K splits fill
+  /// it): 2 - 1/e columns' worth of products, less PANEL_COST_COLS per panel.
   static KeptColumnsPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
     if (rows <= 0 || cols <= 0 || depth <= 0 || sms <= 0) return KeptColumnsPlan{};
     std::int64_t panel = 0;
@@ -226,12 +243,38 @@ struct KeptColumnsPlan {
     }
     if (panel == 0) return KeptColumnsPlan{};
     for (std::int64_t kept = kept_in_panels(rows, cols, depth, panel); kept > 0 && kept * MIN_KEPT_PART >= cols;
-         kept -= panel)
+         kept -= panel) {
+      KeptColumnsPlan best;
       for (bool split : {true, false}) {
-        const KeptColumnsPlan p = with_kept(rows, cols, depth, panel, kept, budget, sms, split);
-        if (p.fits) return p;
+        const KeptColumnsPlan p = with_kept(rows, cols, depth, panel, kept / panel, 0, budget, sms, split);
+        if (!p.fits) continue;
+        const KeptColumnsPlan longer = with_longest_tail(p, budget, sms, split);
+        if (!best.fits || longer.kept > best.kept) best = longer;
       }
+      if (best.fits) return best;
+    }
     return KeptColumnsPlan{};
+  }
+
+ private:
+  /// `p` (no tail, fits) with the longest tail that fits: what the budget leaves past g and the
+  /// kept side's other arrays, in whole panels (the panels' side only shrinks with the columns
+  /// it covers), then fewer while the whole does not fit.
+  static KeptColumnsPlan with_longest_tail(const KeptColumnsPlan& p, std::size_t budget, int sms, bool split) {
+    WorkspaceCarver kept_side;
+    Buffers unused;
+    p.carve_kept_side(kept_side, unused);
+    const std::size_t before_tail =
+        kept_side.bytes() + std::size_t(p.rows) * sizeof(float) + WorkspaceCarver::alignment;
+    const std::int64_t panel_bytes = p.rows * p.panel * std::int64_t(sizeof(std::uint16_t));
+    for (std::int64_t tail = std::min((p.cols - 1) / p.panel - p.panels_in_gradient,
+                                      budget > before_tail ? std::int64_t(budget - before_tail) / panel_bytes : 0);
+         tail > 0; --tail) {
+      const KeptColumnsPlan longer =
+          with_kept(p.rows, p.cols, p.depth, p.panel, p.panels_in_gradient, tail, budget, sms, split);
+      if (longer.fits) return longer;
+    }
+    return p;
   }
 };
 
