@@ -15,12 +15,14 @@
 //      the chunk's gradient rows;
 //   4. dB (+)= G^T A_chunk = E'^T A': written, or summed over the chunks in an fp32 accumulator.
 // Under a budget that holds no chunk, the same kernels keep the exponentials of a part of the
-// columns in the caller's dB, and past it in the workspace, instead (run_kept_columns). Fixed order, fixed-order sums,
-// no atomics: bitwise reproducible. No gradient filtering (every entry of G is computed anyway) and the columns in
-// their stored order. fp16, as in the fused backward (hopper_backward.hpp): entries like p / N fall below its range, so
-// G, or A' where G = diag(c) E', is stored times one power of two for the chunk (half of row_scale_for of the rows'
-// term bounds, from their LSEs: row_bound_kernel, step_factor_kernel), and the products that read it multiply their
-// output by the inverse, exactly. E' itself needs none: the kernel puts it at most 2^15 with its fp32 row factor c.
+// columns in the caller's dB, and past it in the workspace, instead (run_kept_columns). Fixed
+// order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every entry of
+// G is computed anyway) and the columns in their stored order.
+// fp16, as in the fused backward (hopper_backward.hpp): entries like p / N fall below its range,
+// so G, or A' where G = diag(c) E', is stored times one power of two for the chunk (half of
+// row_scale_for of the rows' term bounds, from their LSEs: row_bound_kernel, step_factor_kernel),
+// and the products that read it multiply their output by the inverse, exactly. E' itself needs
+// none: the kernel puts it at most 2^15 with its fp32 row factor c.
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/hopper_backward.hpp>
 #include <tlse/backends/cuda/hopper_step_plan.hpp>
@@ -453,9 +455,14 @@ struct LseStepHopper {
     if (!plan.fits) return false;
     WorkspaceCarver carver(aligned_base(r.scratch));
     const KeptColumnsPlan::Buffers buf = plan.carve(carver);
-    const KeptLayout kept{
-        r.grad_cols + plan.exponentials_offset(),    plan.ld_exponentials(),  plan.panel,        plan.panel_stride(),
-        plan.tail_panels() > 0 ? buf.tail : nullptr, plan.panels_in_gradient, plan.tail_stride()};
+    void* const tail = plan.tail_panels() > 0 ? buf.tail : nullptr;  // the panels past dB's storage
+    const KeptLayout kept{r.grad_cols + plan.exponentials_offset(),
+                          plan.ld_exponentials(),
+                          plan.panel,
+                          plan.panel_stride(),
+                          tail,
+                          plan.panels_in_gradient,
+                          plan.tail_stride()};
     const bool factored = !(prob.logit.softcap > 0.f);
     const T* rows = prob.rows.data;
     const float* target_logit = r.target_logit;  // by row
