@@ -340,10 +340,10 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
 /// would otherwise hold them until a backward that may never run). Today: a Hopper GPU, bf16,
 /// no dbias, and an opts.memory_budget that holds the logits of a chunk of rows, or (with
 /// opts.accumulate off) one that holds the backward's buffers, the step then keeping the logits
-/// of a part of the vocabulary in dC's storage (cross_entropy_with_gradients); never on the host.
-/// The call itself may still run the pair for reasons only its data shows: every row ignored, or
-/// operands a backend cannot take (e.g. not 16-byte aligned); and in the second case where some
-/// row is ignored or dE or dC is not wanted.
+/// of a part of the vocabulary in dC's storage, and in its workspace as far as the budget allows
+/// (cross_entropy_with_gradients); never on the host. The call itself may still run the pair for
+/// reasons only its data shows: every row ignored, or operands a backend cannot take (e.g. not
+/// 16-byte aligned); and in the second case where dE or dC is not wanted.
 /// \param exec execution space instance the call will run on
 /// \param E (N x D) embeddings (only the extents are read)
 /// \param C (V x D) classifier (only the extents are read)
@@ -514,7 +514,8 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 /// instead of the 4 of the two calls. Under a smaller budget that holds the backward's buffers,
 /// when dE and dC are both wanted and opts.accumulate is off (ignored rows or not), the logits of
 /// the first part of the vocabulary are kept in dC's storage (its values are written after
-/// them; about V D / max(N, D) classes, 59136 of 128256 at N=8192 D=4096) and only the rest is
+/// them; about V D / max(N, D) classes, 59136 of 128256 at N=8192 D=4096) and, as far as the
+/// budget allows, in the workspace (109824 classes there in 1 GiB), and only the rest is
 /// recomputed (docs/api.md, Memory). Those paths
 /// compute every softmax entry (no gradient filtering, as with filter_eps = 0); otherwise the two
 /// calls run as documented, in the natural vocabulary order. cross_entropy_step_fuses tells
