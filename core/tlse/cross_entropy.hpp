@@ -515,7 +515,7 @@ void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const Bi
 /// when dE and dC are both wanted and opts.accumulate is off (ignored rows or not), the logits of
 /// the first part of the vocabulary are kept in dC's storage (its values are written after
 /// them; about V D / max(N, D) classes, 59136 of 128256 at N=8192 D=4096) and, as far as the
-/// budget allows, in the workspace (109824 classes there in 1 GiB), and only the rest is
+/// budget allows, in the workspace (109824 classes in all at 1 GiB), and only the rest is
 /// recomputed (docs/api.md, Memory). Those paths
 /// compute every softmax entry (no gradient filtering, as with filter_eps = 0); otherwise the two
 /// calls run as documented, in the natural vocabulary order. cross_entropy_step_fuses tells

@@ -226,9 +226,9 @@ struct KeptColumnsPlan {
   /// budget (at least cols / MIN_KEPT_PART columns), each with as many more in the tail as the
   /// budget holds (leaving at least one column to the fused backward), the products split or
   /// not, whichever keeps more columns (split on a tie: the splits' partials take space the
-  /// tail could use); fits = false when none do. A kept column saves its recomputation but for what dB_k's last wave
-  /// leaves idle (efficiency e: its tiles over whole waves of the device, 1 where K splits fill
-  /// it): 2 - 1/e columns' worth of products, less PANEL_COST_COLS per panel.
+  /// tail could use); fits = false when none do. A kept column saves its recomputation but for
+  /// what dB_k's last wave leaves idle (efficiency e: its tiles over whole waves of the device, 1
+  /// where K splits fill it): 2 - 1/e columns' worth of products, less PANEL_COST_COLS per panel.
   static KeptColumnsPlan make(std::int64_t rows, std::int64_t cols, std::int64_t depth, std::size_t budget, int sms) {
     if (rows <= 0 || cols <= 0 || depth <= 0 || sms <= 0) return KeptColumnsPlan{};
     std::int64_t panel = 0;
