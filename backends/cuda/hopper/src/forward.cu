@@ -29,6 +29,12 @@ int64_t kept_columns(const tlse_hop_forward_args& a) {
   return a.exponentials_cols > 0 ? a.exponentials_cols : a.cols.count;
 }
 
+/// The layers of the exponentials' TMA maps: the panels of exponentials_panel kept columns, or one
+/// layer of them all without panels.
+int64_t kept_layers(const tlse_hop_forward_args& a) {
+  return a.exponentials_panel > 0 ? (kept_columns(a) + a.exponentials_panel - 1) / a.exponentials_panel : 1;
+}
+
 template <class Input, bool Columns, bool KeepExponentials = false, bool General = true>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
@@ -64,7 +70,7 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
     // A three-dimensional map in every case: the panels are its layers (one without panels), and
     // the tail's panels those of a second map.
     const bool panels = a.exponentials_panel > 0;
-    const int64_t layers = panels ? (kept + a.exponentials_panel - 1) / a.exponentials_panel : 1;
+    const int64_t layers = kept_layers(a);
     const int64_t first_layers = a.exponentials_tail ? a.exponentials_tail_panel : layers;
     if (first_layers > 0)
       if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
@@ -131,8 +137,7 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
                                          std::to_string(a->rows.count * a->ld_exponentials) + "), got " +
                                          std::to_string(a->exponentials_panel_stride));
   if (a->exponentials && a->exponentials_tail) {
-    const int64_t panels =
-        a->exponentials_panel > 0 ? (kept_columns(*a) + a->exponentials_panel - 1) / a->exponentials_panel : 0;
+    const int64_t panels = a->exponentials_panel > 0 ? kept_layers(*a) : 0;
     if (panels == 0 || a->exponentials_tail_panel < 0 || a->exponentials_tail_panel >= panels ||
         reinterpret_cast<std::uintptr_t>(a->exponentials_tail) % 16 != 0)
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
