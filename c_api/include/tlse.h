@@ -144,13 +144,12 @@ TLSE_API tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, t
                                                         const tlse_cross_entropy_options* options, size_t* bytes);
 
 /* Sets *fused to 1 when tlse_cross_entropy_with_gradients will run the step fused for these
- * sizes and options (a Hopper GPU, bf16, want_dbias 0, and an options.memory_budget that holds
- * the logits of a chunk of rows: 3 matrix products instead of 4; or, with accumulate 0, one that
- * holds the backward's buffers: the logits of a part of the classes kept in dC's storage and,
- * as far as the budget allows, in the workspace), else to 0 (it runs the forward and the
+ * sizes and options (a Hopper GPU, bf16 or fp16, want_dbias 0, and an options.memory_budget that
+ * holds the logits of a chunk of rows: 3 matrix products instead of 4; or, with accumulate 0, one
+ * that holds the backward's buffers: the logits of a part of the classes kept in dC's storage
+ * and, as far as the budget allows, in the workspace), else to 0 (it runs the forward and the
  * backward; always on TLSE_DEVICE_HOST). In the second case the call still runs the pair where dE
- * or dC is NULL. want_dbias: nonzero when
- * the call will get a dbias.
+ * or dC is NULL. want_dbias: nonzero when the call will get a dbias.
  * Lets a caller compute the gradients with the loss only where that pays. */
 TLSE_API tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_device device, void* stream,
                                                    tlse_dtype dtype, int64_t n, int64_t v, int64_t d,

@@ -337,8 +337,8 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
 /// forward's logits become the gradient, 3 matrix products instead of 4) for these shapes and
 /// options, rather than as cross_entropy then cross_entropy_backward. It lets a caller decide
 /// beforehand whether computing the gradients with the loss pays (e.g. an autograd forward that
-/// would otherwise hold them until a backward that may never run). Today: a Hopper GPU, bf16,
-/// no dbias, and an opts.memory_budget that holds the logits of a chunk of rows, or (with
+/// would otherwise hold them until a backward that may never run). Today: a Hopper GPU, bf16 or
+/// fp16, no dbias, and an opts.memory_budget that holds the logits of a chunk of rows, or (with
 /// opts.accumulate off) one that holds the backward's buffers, the step then keeping the logits
 /// of a part of the vocabulary in dC's storage, and in its workspace as far as the budget allows
 /// (cross_entropy_with_gradients); never on the host. The call itself may still run the pair for
