@@ -183,7 +183,11 @@ typedef struct {
  *   out_f32 (ldo): out_f32[m * ldo + n] = (accumulate ? out_f32[..] : 0) + acc;
  *   out (ldo, the input type): row out_index[m] (or m): out[row * ldo + n] = T((accumulate ? out : 0) + acc).
  * K is split into at most max_k_splits fixed-order pieces when the output has too few tiles to
- * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace). */
+ * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace).
+ * With a_panel = P > 0 (bf16, fp16; A as stored, no mask), A's columns lie in panels of P (a
+ * multiple of 64, K a multiple of P): A(m, k) is a[(k / P) * a_panel_stride + m * lda + k % P],
+ * the stride a multiple of 8 (the training step's kept exponentials, tlse_hop_forward_args: one
+ * product over every panel instead of one per panel, each adding into the output). */
 typedef struct {
   int32_t dtype;                /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
   const void* a;                /**< operand A */
@@ -209,6 +213,8 @@ typedef struct {
   size_t workspace_bytes;       /**< bytes at workspace */
   int64_t max_k_splits;         /**< at most this many K splits */
   int64_t k_splits;             /**< out: the K splits the call used */
+  int64_t a_panel;              /**< 0: A is one matrix; else A's columns per panel (see above) */
+  int64_t a_panel_stride;       /**< with a_panel: elements from a panel of A to the next */
 } tlse_hop_product_args;
 
 /** 1 when the library can run on `device` (compute capability 9.0 and a driver that loads its

@@ -45,8 +45,11 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
 
   KernelParams<Config, Epilogue> kp;
   kp.mainloop = {Config::tma_a(a.rows.data, a.rows.count, a.depth, a.rows.ld),
-                 Config::tma_b(a.cols.data, a.cols.count, a.depth, a.cols.ld), int32_t(a.rows.count),
-                 int32_t(a.cols.count), int32_t(a.depth)};
+                 Config::tma_b(a.cols.data, a.cols.count, a.depth, a.cols.ld),
+                 int32_t(a.rows.count),
+                 int32_t(a.cols.count),
+                 int32_t(a.depth),
+                 0};
   kp.schedule =
       TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
   const int64_t kept = kept_columns(a);

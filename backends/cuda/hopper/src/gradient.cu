@@ -20,8 +20,11 @@ int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   const Input* panel = static_cast<const Input*>(a.cols.data) + a.col_begin * a.cols.ld;
   KernelParams<Config, Epilogue> kp;
   kp.mainloop = {Config::tma_a(a.rows.data, a.rows.count, a.depth, a.rows.ld),
-                 Config::tma_b(panel, width, a.depth, a.cols.ld), int32_t(a.rows.count), int32_t(width),
-                 int32_t(a.depth)};
+                 Config::tma_b(panel, width, a.depth, a.cols.ld),
+                 int32_t(a.rows.count),
+                 int32_t(width),
+                 int32_t(a.depth),
+                 0};
   kp.schedule = TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), 1, int(per_split), int(k_tiles), 1);
   auto& e = kp.epilogue;
   e.rows = device_side(a.rows), e.cols = device_side(a.cols);

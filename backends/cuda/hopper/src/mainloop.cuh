@@ -17,6 +17,7 @@ struct MainloopParams {
   typename Config::TmaA tma_a;
   typename Config::TmaB tma_b;
   int32_t M, N, K;
+  int32_t a_panel;  // with Config::PANELS_A: A's columns per panel
 };
 
 template <class Config>
@@ -33,16 +34,16 @@ struct Mainloop {
   __device__ static void load_unit(const MainloopParams<Config>& p, typename Config::MainloopStorage& smem,
                                    Pipeline& pipeline, PipelineState& write, const WorkUnit& u, int rank,
                                    Keep&& keep) {
-    Tensor mA = p.tma_a.get_tma_tensor(make_shape(p.M, p.K));
+    Tensor mA = p.tma_a.get_tma_tensor(Config::shape_a(p.M, p.K, p.a_panel));
     Tensor mB = p.tma_b.get_tma_tensor(make_shape(p.N, p.K));
-    Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), make_coord(_, _));  // (BM, BK, m, k)
+    Tensor gA = local_tile(mA, make_shape(Int<BM>{}, Int<BK>{}), Config::a_tiles());  // (BM, BK, m, k[, panel])
     Tensor gB = local_tile(mB, make_shape(Int<BN>{}, Int<BK>{}), make_coord(_, _));  // (BN, BK, n, k)
     Tensor sA = make_tensor(make_smem_ptr(smem.A.begin()), typename Config::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.B.begin()), typename Config::SmemLayoutB{});
     constexpr uint16_t everyone = uint16_t((1 << Config::CLUSTER_M) - 1);
     auto tma_a = p.tma_a.get_slice(0);
     auto tma_b = p.tma_b.get_slice(rank);
-    Tensor tAgA = tma_a.partition_S(gA);  // (TMA, TMA_M, TMA_K, m, k)
+    Tensor tAgA = tma_a.partition_S(gA);  // (TMA, TMA_M, TMA_K, m, k[, panel])
     Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, stage)
     Tensor tBgB = tma_b.partition_S(gB);
     Tensor tBsB = tma_b.partition_D(sB);
@@ -53,7 +54,12 @@ struct Mainloop {
           pipeline.producer_acquire(write);
           auto* bar = pipeline.producer_get_barrier(write);
           const int stage = write.index();
-          copy(p.tma_a.with(*bar), tAgA(_, _, _, m, k), tAsA(_, _, _, stage));
+          if constexpr (Config::PANELS_A) {
+            const int steps = p.a_panel / BK;  // K steps per panel
+            copy(p.tma_a.with(*bar), tAgA(_, _, _, m, k % steps, k / steps), tAsA(_, _, _, stage));
+          } else {
+            copy(p.tma_a.with(*bar), tAgA(_, _, _, m, k), tAsA(_, _, _, stage));
+          }
           if constexpr (Config::CLUSTER_M > 1)
             copy(p.tma_b.with(*bar, everyone), tBgB(_, _, _, n, k), tBsB(_, _, _, stage));
           else

@@ -1,7 +1,8 @@
 // tlse_hop_product: the backward's products (mainloop + ProductEpilogue). bf16 and fp16: G as
 // operand A stored (dA += G B) or transposed (dB = G^T A), the other operand rows-contiguous (K x N). TF32:
 // both operands K-major (the caller passes G^T and the transposed inputs), wgmma's only TF32 form.
-// Without a tile mask, pairs of CTAs (clusters along M) share the loads of B (TileConfig).
+// Without a tile mask, pairs of CTAs (clusters along M) share the loads of B (TileConfig). A's
+// columns may lie in panels (a_panel: the training step's kept exponentials, TileConfig's PanelsA).
 #include "launch.cuh"
 #include "product_epilogue.cuh"
 
@@ -26,9 +27,9 @@ ProductShape product_shape(int64_t M, int64_t N, int64_t K, int64_t k_step, int6
   return s;
 }
 
-template <class Input, bool TransposedA, bool TransposedB, int ClusterM>
+template <class Input, bool TransposedA, bool TransposedB, int ClusterM, bool PanelsA = false>
 int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
-  using Config = TileConfig<MmaElement<Input>, TransposedA, TransposedB, ClusterM>;
+  using Config = TileConfig<MmaElement<Input>, TransposedA, TransposedB, ClusterM, PanelsA>;
   ProductShape shape = product_shape(a.M, a.N, a.K, Config::BK, a.max_k_splits, multiprocessors());
   const size_t partial_bytes = size_t(a.M) * size_t(a.N) * sizeof(float);
   if (shape.k_splits > 1 && a.workspace_bytes < partial_bytes * size_t(shape.k_splits)) {
@@ -40,8 +41,12 @@ int run_product(tlse_hop_product_args& a, cudaStream_t stream) {
   }
   a.k_splits = shape.k_splits;
 
-  const MainloopParams<Config> mainloop = {Config::tma_a(a.a, a.M, a.K, a.lda), Config::tma_b(a.b, a.N, a.K, a.ldb),
-                                           int32_t(a.M), int32_t(a.N), int32_t(a.K)};
+  const MainloopParams<Config> mainloop = {Config::tma_a(a.a, a.M, a.K, a.lda, a.a_panel, a.a_panel_stride),
+                                           Config::tma_b(a.b, a.N, a.K, a.ldb),
+                                           int32_t(a.M),
+                                           int32_t(a.N),
+                                           int32_t(a.K),
+                                           int32_t(a.a_panel)};
   const TileSchedule schedule = TileSchedule::make(int(shape.m_tiles), int(shape.n_tiles), int(shape.k_tiles), 1, 1,
                                                    shape.k_per_split, PRODUCT_M_GROUP / ClusterM, ClusterM);
   ProductParams<Input> e;
@@ -122,7 +127,16 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
     if (!tf32 && !a->b_transposed)
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": 16-bit B must be stored transposed (K x N rows)");
     const int elem = int(sizeof(Input));
-    const int64_t a_rows = a->a_transposed ? a->K : a->M, a_depth = a->a_transposed ? a->M : a->K;
+    const bool panels = a->a_panel != 0;
+    if (panels && (tf32 || a->a_transposed || a->mask || a->a_panel < 0 || a->a_panel % 64 != 0 ||
+                   a->K % a->a_panel != 0 || a->a_panel_stride < 1 || a->a_panel_stride % 8 != 0))
+      return fail(TLSE_HOP_E_ARGUMENT,
+                  std::string(call) +
+                      ": A in panels takes bf16 or fp16 A as stored (a_transposed = 0) without a mask, a_panel a "
+                      "multiple of 64 that divides K, a_panel_stride a positive multiple of 8; got a_panel " +
+                      std::to_string(a->a_panel) + ", K " + std::to_string(a->K) + ", a_panel_stride " +
+                      std::to_string(a->a_panel_stride));
+    const int64_t a_rows = a->a_transposed ? a->K : a->M, a_depth = panels ? a->a_panel : a->a_transposed ? a->M : a->K;
     const int64_t b_rows = a->b_transposed ? a->K : a->N, b_depth = a->b_transposed ? a->N : a->K;
     if (int e = check_operand(call, "a", a->a, a_rows, a_depth, a->lda, elem)) return e;
     if (int e = check_operand(call, "b", a->b, b_rows, b_depth, a->ldb, elem)) return e;
@@ -142,6 +156,8 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
       else
         return a->a_transposed ? run_product<Input, true, true, c>(*a, s) : run_product<Input, false, true, c>(*a, s);
     };
+    if constexpr (!tf32)
+      if (panels) return run_product<Input, false, true, PRODUCT_CLUSTER_M, true>(*a, s);
     return a->mask ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, PRODUCT_CLUSTER_M>{});
   });
 }

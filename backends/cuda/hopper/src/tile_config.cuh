@@ -11,6 +11,10 @@
 // and TMA multicasts it into the shared memory of all of them (their pipelines' stages are
 // released only when every CTA's consumers are done with them). L2 serves each CTA 1/3 fewer
 // bytes per K step for ClusterM = 2 (128 rows of A and 128 of B, not 128 and 256).
+//
+// PanelsA: A (K-major) has its columns in panels of P (tlse_hop_product_args::a_panel), seen as
+// M x P x panels, the batch mode of a three-dimensional TMA map: K step k is step k mod (P / BK)
+// of panel k / (P / BK), P a multiple of BK.
 #include <cutlass/numeric_types.h>
 
 #include <cute/tensor.hpp>
@@ -27,12 +31,14 @@ constexpr int CONSUMER_THREADS = 256, THREADS = 384;  // one producer warpgroup,
 static_assert(CONSUMER_THREADS == TILE_N, "the column epilogues give each consumer thread one column of a tile");
 constexpr int PRODUCER_REGISTERS = 40, CONSUMER_REGISTERS = 232;
 
-template <class T, bool TransposedA, bool TransposedB, int ClusterM = 1>
+template <class T, bool TransposedA, bool TransposedB, int ClusterM = 1, bool PanelsA = false>
 struct TileConfig {
   using Element = T;
   static constexpr int BM = TILE_M, BN = TILE_N, BK = 128 / int(sizeof(T));
   static constexpr int CLUSTER_M = ClusterM;
+  static constexpr bool PANELS_A = PanelsA;
   static_assert(ClusterM == 1 || ClusterM == 2, "clusters of one or two CTAs along M");
+  static_assert(!PanelsA || !TransposedA, "panels of A's columns for K-major A");
   using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
   using CopyB = std::conditional_t<(ClusterM > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
   static constexpr GMMA::Major MajorA = TransposedA ? GMMA::Major::MN : GMMA::Major::K;
@@ -40,8 +46,10 @@ struct TileConfig {
   static_assert(sizeof(T) == 2 || (!TransposedA && !TransposedB), "wgmma reads TF32 operands K-major only");
 
   using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
-  // Strides of A as (M, K) and of B as (N, K), in elements.
-  using StrideA = std::conditional_t<TransposedA, Stride<_1, int64_t>, Stride<int64_t, _1>>;
+  // Shapes and strides of A as (M, K) (with panels: (M, P, panels)) and of B as (N, K), in elements.
+  using ShapeA = std::conditional_t<PanelsA, Shape<int32_t, int32_t, int32_t>, Shape<int32_t, int32_t>>;
+  using StrideA = std::conditional_t<PanelsA, Stride<int64_t, _1, int64_t>,
+                                     std::conditional_t<TransposedA, Stride<_1, int64_t>, Stride<int64_t, _1>>>;
   using StrideB = std::conditional_t<TransposedB, Stride<_1, int64_t>, Stride<int64_t, _1>>;
 
   using SmemAtomA = decltype(cutlass::gemm::collective::detail::ss_smem_selector<MajorA, T, Int<BM>, Int<BK>>());
@@ -55,10 +63,9 @@ struct TileConfig {
   using TiledMma = decltype(make_tiled_mma(
       GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BN>, Int<BK>>, MajorA, MajorB>(), Layout<Shape<_2, _1, _1>>{}));
 
-  using TmaA = decltype(make_tma_copy(
-      SM90_TMA_LOAD{},
-      make_tensor(make_gmem_ptr(static_cast<T const*>(nullptr)), make_shape(int32_t(0), int32_t(0)), StrideA{}),
-      SmemLayoutA{}(_, _, 0), make_shape(Int<BM>{}, Int<BK>{}), Int<1>{}));
+  using TmaA = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<T const*>(nullptr)), ShapeA{}, StrideA{}),
+                                      SmemLayoutA{}(_, _, 0), make_shape(Int<BM>{}, Int<BK>{}), Int<1>{}));
   using TmaB = decltype(make_tma_copy(
       CopyB{},
       make_tensor(make_gmem_ptr(static_cast<T const*>(nullptr)), make_shape(int32_t(0), int32_t(0)), StrideB{}),
@@ -73,15 +80,34 @@ struct TileConfig {
     typename Pipeline::SharedStorage pipeline;
   };
 
-  /// The TMA descriptors for A (M x K) and B (N x K) at these addresses and leading dimensions.
-  static TmaA tma_a(const void* a, int64_t M, int64_t K, int64_t ld) {
+  /// A's shape as its TMA map sees it (panel: A's columns per panel, with PanelsA).
+  __host__ __device__ static ShapeA shape_a(int32_t M, int32_t K, int32_t panel) {
+    if constexpr (PanelsA)
+      return make_shape(M, panel, K / panel);
+    else
+      return make_shape(M, K);
+  }
+  /// The K step tiles of A in local_tile: (m, k), or (m, k within a panel, panel).
+  __host__ __device__ static auto a_tiles() {
+    if constexpr (PanelsA)
+      return make_coord(_, _, _);
+    else
+      return make_coord(_, _);
+  }
+
+  /// The TMA descriptors for A (M x K) and B (N x K) at these addresses and leading dimensions
+  /// (with PanelsA, A's panels of `panel` columns, panel_stride elements apart).
+  static TmaA tma_a(const void* a, int64_t M, int64_t K, int64_t ld, int64_t panel = 0, int64_t panel_stride = 0) {
     auto stride = [&] {
-      if constexpr (TransposedA)
+      if constexpr (PanelsA)
+        return make_stride(ld, _1{}, panel_stride);
+      else if constexpr (TransposedA)
         return make_stride(_1{}, ld);
       else
         return make_stride(ld, _1{});
     }();
-    auto g = make_tensor(make_gmem_ptr(static_cast<T const*>(a)), make_shape(int32_t(M), int32_t(K)), stride);
+    auto g =
+        make_tensor(make_gmem_ptr(static_cast<T const*>(a)), shape_a(int32_t(M), int32_t(K), int32_t(panel)), stride);
     return make_tma_copy(SM90_TMA_LOAD{}, g, SmemLayoutA{}(_, _, 0), make_shape(Int<BM>{}, Int<BK>{}), Int<1>{});
   }
   static TmaB tma_b(const void* b, int64_t N, int64_t K, int64_t ld) {

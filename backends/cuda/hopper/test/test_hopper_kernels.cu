@@ -822,6 +822,73 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
   for (void* ptr : {dA, dB, out, (void*)out_f32, workspace, (void*)d_row_scale}) cudaFree(ptr);
 }
 
+/// A product whose A lies in panels of P columns (a_panel: the training step's kept exponentials,
+/// one product over all of them), each row of a panel padded to lda and the panels a gap apart,
+/// padding and gaps holding NaN that no load may touch, under a row scale (every seventh 0), into
+/// fp32 written or added into (accumulate: random values there before). Few output tiles (the
+/// default N) split K, across panels; M x N = 2000 x 1024 gives each CTA several tiles (every
+/// row_step-th row checked). Tolerance as check_product_stores' fp32: 2^-16 sum |a b|, plus the
+/// addition's rounding of the old value.
+void check_panel_product(int dtype, int64_t M, int64_t N, int64_t P, int64_t panels, bool accumulate,
+                         int64_t row_step = 1) {
+  const int64_t K = P * panels, lda = P + 8, stride = M * lda + 24;
+  Operand A{dtype, M, K}, B{dtype, K, N};  // A as one matrix first; B(k, n) = B row k, column n
+  A.fill(1.0), B.fill(1.0);
+  const uint16_t nan_bits = dtype == TLSE_HOP_BF16 ? 0x7fc0 : 0x7e00;
+  std::vector<uint16_t> stored(size_t(panels * stride), nan_bits);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      std::memcpy(&stored[size_t((k / P) * stride + m * lda + k % P)], &A.bytes[size_t((m * K + k) * 2)], 2);
+  void *dA = nullptr, *dB = B.device(), *workspace = nullptr;
+  CUDA_OK(cudaMalloc(&dA, stored.size() * 2));
+  CUDA_OK(cudaMemcpy(dA, stored.data(), stored.size() * 2, cudaMemcpyHostToDevice));
+  std::vector<float> old(static_cast<size_t>(M * N), 1e30f), row_scale(static_cast<size_t>(M));
+  std::uniform_real_distribution<float> uniform(-2.f, 2.f);
+  if (accumulate)
+    for (float& v : old) v = uniform(rng);
+  for (int64_t m = 0; m < M; ++m) row_scale[size_t(m)] = m % 7 == 3 ? 0.f : uniform(rng);
+  float *out = nullptr, *d_row_scale = nullptr;
+  CUDA_OK(cudaMalloc(&out, old.size() * sizeof(float)));
+  CUDA_OK(cudaMemcpy(out, old.data(), old.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&d_row_scale, size_t(M) * sizeof(float)));
+  CUDA_OK(cudaMemcpy(d_row_scale, row_scale.data(), size_t(M) * sizeof(float), cudaMemcpyHostToDevice));
+  const size_t ws = tlse_hop_product_workspace(dtype, M, N, K, 8, 0);
+  if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
+  tlse_hop_product_args p{};
+  p.dtype = dtype;
+  p.a = dA, p.lda = lda, p.a_panel = P, p.a_panel_stride = stride;
+  p.b = dB, p.ldb = N, p.b_transposed = 1;
+  p.M = M, p.N = N, p.K = K;
+  p.row_scale = d_row_scale;
+  p.out_f32 = out, p.ldo = N, p.accumulate = accumulate;
+  p.workspace = workspace, p.workspace_bytes = ws, p.max_k_splits = 8;
+  const int rc = tlse_hop_product(&p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  if (rc != 0) {
+    expect(false, std::string("panel product: ") + tlse_hop_error_string());
+    return;
+  }
+  const auto got = download(out, old.size());
+  double worst = 0;
+  for (int64_t m = 0; m < M; m += row_step)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0, bound = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = A.value[size_t(m * K + k)] * B.value[size_t(k * N + n)];
+        ref += t, bound += std::fabs(t);
+      }
+      const double c = row_scale[size_t(m)], before = accumulate ? old[size_t(m * N + n)] : 0.0;
+      const double tol = std::fabs(c) * (std::ldexp(bound, -16) + 1e-6) + std::ldexp(std::fabs(before), -23) + 1e-30;
+      worst = std::max(worst, std::fabs(got[size_t(m * N + n)] - (before + c * ref)) / tol);
+    }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s product, A in %ld panels of %ld: %ldx%ldx%ld%s, k splits %ld, err/tol %.3f",
+                dtype == TLSE_HOP_BF16 ? "bf16" : "fp16", long(panels), long(P), long(M), long(N), long(K),
+                accumulate ? " added" : "", long(p.k_splits), worst);
+  expect(worst <= 1, buf);
+  for (void* ptr : {dA, dB, workspace, (void*)out, (void*)d_row_scale}) cudaFree(ptr);
+}
+
 /// The entry points refuse what the kernels cannot take, with a reason naming the argument,
 /// before touching the device: checked everywhere, GPU or not (CI runs this part).
 void check_arguments() {
@@ -912,6 +979,14 @@ void check_arguments() {
   refused(tlse_hop_product(&p, nullptr), "exactly one of out_f32 and out", "product: no output");
   p.out_f32 = part, p.N = 63, p.ldb = 64;
   refused(tlse_hop_product(&p, nullptr), "N and ldo must be even", "product: odd N");
+  p.N = 64, p.K = 512, p.a_panel = 256, p.a_panel_stride = 100 * 256, p.a_transposed = 1;
+  refused(tlse_hop_product(&p, nullptr), "A in panels takes bf16 or fp16 A as stored", "product: panels of A^T");
+  p.a_transposed = 0, p.a_panel = 192;
+  refused(tlse_hop_product(&p, nullptr), "a multiple of 64 that divides K, a_panel_stride a positive multiple of 8",
+          "product: panels that do not divide K");
+  p.a_panel = 256, p.a_panel_stride = 100 * 256 + 4;
+  refused(tlse_hop_product(&p, nullptr), "a_panel_stride 25604", "product: panels 8 bytes out of line");
+  p.a_panel = 0, p.a_panel_stride = 0;
   expect(tlse_hop_product_workspace(7, 100, 64, 64, 4, 0) == 0 &&
              std::string(tlse_hop_error_string()).find("dtype 7") != std::string::npos,
          "product workspace: unknown dtype -> 0 and a reason");
@@ -972,6 +1047,9 @@ int main() {
   check_product_stores(130, 136);  // from the registers
   check_product_stores(128, 136);  // staged
   check_product_stores(2000, 2008, 4000, 712, false, 7);  // several tiles a CTA (its pair), 12 K steps each
+  check_panel_product(TLSE_HOP_BF16, 300, 136, 256, 5, false);
+  check_panel_product(TLSE_HOP_FP16, 300, 200, 512, 3, true);
+  check_panel_product(TLSE_HOP_BF16, 2000, 1024, 512, 3, true, 7);
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
 }

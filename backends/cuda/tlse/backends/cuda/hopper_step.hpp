@@ -436,8 +436,9 @@ struct LseStepHopper {
   ///      what dB's storage holds in the workspace's tail;
   ///   2. exponentials_to_gradient_kernel over those columns (the row LSEs, g, c, and A' in dA's
   ///      storage);
-  ///   3. per kept panel k: dB_k = E_k'^T A' (or G_k^T A under a softcap) into dB's rows of the
-  ///      panel, then acc (+)= diag(c) E_k' B_k (or G_k B_k);
+  ///   3. acc = the sum over the kept panels k of diag(c) E_k' B_k (or G_k B_k), in one product
+  ///      over the panels in dB's storage and one over the tail's; then per kept panel, in order,
+  ///      dB_k = E_k'^T A' (or G_k^T A under a softcap) into dB's rows of the panel;
   ///   4. the fused backward's column panels from `kept` on (the recomputed G overwrites nothing
   ///      of the exponentials', dB's rows past `kept` do, no longer read), adding into acc; then
   ///      dA = acc.
@@ -487,23 +488,35 @@ struct LseStepHopper {
         target_logit, r.coef, r.z_loss, prob.logit, factor, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
     check_launch("exponentials_to_gradient_kernel");
 
+    // acc (+)= the sum over the panels of G_k B_k: one product over the panels in dB's storage and
+    // one over those in the tail, K running through the panels (tlse_hop_product_args::a_panel),
+    // before any dB_k overwrites a panel. One product per panel, each adding into acc (read and
+    // written once a panel), left the step at N=8192 in 1.5 GiB (15 panels) 1.4-1.9 ms behind one
+    // chunk of every row, though its kernels alone took less (ncu, H200, 2026-11-29: 34.3 against
+    // 35.3 ms); so, 39.9 ms against 41.1-41.4 alternating in one call (docs/performance.md).
+    const auto rows_product = [&](index_t first_panel, index_t panels, index_t panel_stride) {
+      if (panels == 0) return;
+      tlse_hop_product_args p =
+          exponentials_product<T>(kept.panel_data<T>(first_panel), kept.ld, D, buf.k_partials, plan.k_partial_floats(),
+                                  plan.k_splits_rows, factored ? nullptr : factor);
+      p.a_panel = plan.panel, p.a_panel_stride = panel_stride;
+      p.row_scale = factored ? buf.row_scale : nullptr;
+      p.b = prob.cols.data + first_panel * plan.panel * D, p.ldb = D, p.b_transposed = 1;
+      p.M = R, p.N = D, p.K = panels * plan.panel;
+      p.out_f32 = buf.panels.acc;
+      p.accumulate = first_panel > 0;
+      check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows, the kept panels)");
+    };
+    rows_product(0, plan.panels_in_gradient, plan.panel_stride());
+    rows_product(plan.panels_in_gradient, plan.tail_panels(), plan.tail_stride());
     for (index_t k = 0; k < plan.kept_panels(); ++k) {
-      const T* panel = kept.panel_data<T>(k);
-      tlse_hop_product_args p = exponentials_product<T>(panel, kept.ld, D, buf.k_partials, plan.k_partial_floats(),
-                                                        plan.k_splits_cols, factor);
+      tlse_hop_product_args p = exponentials_product<T>(kept.panel_data<T>(k), kept.ld, D, buf.k_partials,
+                                                        plan.k_partial_floats(), plan.k_splits_cols, factor);
       p.a_transposed = 1;  // dB_k = G_k^T A
       p.b = scaled_rows ? scaled_rows : rows, p.ldb = D, p.b_transposed = 1;
       p.M = plan.panel, p.N = D, p.K = R;
       p.out = r.grad_cols + k * plan.panel * D;
       check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (a kept panel)");
-      p = exponentials_product<T>(panel, kept.ld, D, buf.k_partials, plan.k_partial_floats(), plan.k_splits_rows,
-                                  factored ? nullptr : factor);  // acc (+)= G_k B_k
-      p.row_scale = factored ? buf.row_scale : nullptr;
-      p.b = prob.cols.data + k * plan.panel * D, p.ldb = D, p.b_transposed = 1;
-      p.M = R, p.N = D, p.K = plan.panel;
-      p.out_f32 = buf.panels.acc;
-      p.accumulate = k > 0;
-      check_hopper(tlse_hop_product(&p, stream), "tlse_hop_product (rows, a kept panel)");
     }
 
     BackwardRequest<T, float> b;

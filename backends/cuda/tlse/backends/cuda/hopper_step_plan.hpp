@@ -118,19 +118,20 @@ struct StepPlan {
 /// while it reads them: at panel x depth + k x stride, stride = panel x max(rows, depth) elements;
 /// the tail's panels follow each other, rows x panel elements apart, and their dB_k overwrite only
 /// panels already used. A' = diag(c) A lives in dA's storage until dA is written from the
-/// accumulator. The kept columns take 3 products (the forward, dB_k, dA += G_k B_k into the
-/// accumulator), the others the fused backward's panels (4), which add into the same accumulator
-/// in order.
+/// accumulator. The kept columns take 3 products (the forward, dB_k, and their part of acc = the
+/// sum of G_k B_k, one product over the panels in dB's storage and one over the tail's), the others
+/// the fused backward's panels (4), which add into the same accumulator in order.
 struct KeptColumnsPlan {
   static constexpr std::int64_t TILE_N = FusedBackwardPlan::TILE_N;
   static constexpr int MAX_SWEEP_SPLITS = FusedBackwardPlan::MAX_SWEEP_SPLITS;
   /// Below cols / MIN_KEPT_PART kept columns the recomputation saved no longer pays for the
   /// exponentials' pass over the rows and the extra products' launches.
   static constexpr std::int64_t MIN_KEPT_PART = 8;
-  /// What a kept panel costs besides its products, in columns of recomputation: its accumulating
-  /// product's extra read and write of the rows x depth fp32 accumulator (8 bytes per element at
-  /// HBM's rate) against recomputing a column (2 flops per element at the tensor cores' rate) is
-  /// 400-800 columns whatever the shape, plus two launches. A model (make()), not a measurement.
+  /// What a kept panel costs besides its products, in columns of recomputation: when each panel
+  /// had its own accumulating product, its extra read and write of the rows x depth fp32
+  /// accumulator (8 bytes per element at HBM's rate) against recomputing a column (2 flops per
+  /// element at the tensor cores' rate) was 400-800 columns whatever the shape, plus two launches.
+  /// A model (make()), not a measurement; not revised since the panels share one product.
   static constexpr std::int64_t PANEL_COST_COLS = 512;
 
   std::int64_t rows = 0, cols = 0, depth = 0;
@@ -138,7 +139,7 @@ struct KeptColumnsPlan {
   std::int64_t kept = 0;                     // panels x panel, below cols
   std::int64_t panels_in_gradient = 0;       // the first kept panels, in dB's storage; the others in the tail
   FusedBackwardPlan panels;                  // for the columns past `kept`
-  int k_splits_rows = 1, k_splits_cols = 1;  // of dA += G_k B_k (K = panel) and dB_k (K = rows)
+  int k_splits_rows = 1, k_splits_cols = 1;  // of acc (+)= the panels' G_k B_k (at most) and dB_k (K = rows)
   std::size_t bytes = 0;                     // workspace of the plan
   bool fits = false;
 
