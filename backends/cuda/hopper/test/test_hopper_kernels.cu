@@ -107,6 +107,24 @@ std::vector<T> download(const T* d, size_t n) {
   return h;
 }
 
+/// A device copy of v (cudaFree it).
+template <class T>
+T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, v.size() * sizeof(T)));
+  CUDA_OK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+/// The products' row scales: uniform in [-2, 2], every seventh 0 (an exact zero however large
+/// the row's sums).
+std::vector<float> random_row_scales(int64_t M) {
+  std::vector<float> row_scale(static_cast<size_t>(M));
+  std::uniform_real_distribution<float> factor(-2.f, 2.f);
+  for (int64_t m = 0; m < M; ++m) row_scale[size_t(m)] = m % 7 == 3 ? 0.f : factor(rng);
+  return row_scale;
+}
+
 /// The value of one element in the input type of `dtype`, stored at `at` (TF32: a float).
 double element_value(int dtype, const unsigned char* at) {
   if (dtype == TLSE_HOP_TF32) {
@@ -305,14 +323,8 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
     if (i % 3 == 0) row_shift[i] = float(x[i * C + column(rng)]);
     if (i % 3 == 1) row_shift[i] = float(row_max - 100);
   }
-  uint16_t* kept = nullptr;
-  float *shift = nullptr, *parts = nullptr, *d_row_shift = nullptr;
-  CUDA_OK(cudaMalloc(&kept, init.size() * sizeof(uint16_t)));
-  CUDA_OK(cudaMemcpy(kept, init.data(), init.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMalloc(&shift, init_max.size() * sizeof(float)));
-  CUDA_OK(cudaMemcpy(shift, init_max.data(), init_max.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMalloc(&d_row_shift, size_t(R) * sizeof(float)));
-  CUDA_OK(cudaMemcpy(d_row_shift, row_shift.data(), size_t(R) * sizeof(float), cudaMemcpyHostToDevice));
+  uint16_t* kept = upload(init);
+  float *shift = upload(init_max), *d_row_shift = upload(row_shift), *parts = nullptr;
   CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
@@ -505,20 +517,13 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     }
 
   void *dA = A.device(), *dB = B.device();
-  auto up = [](const auto& v) {
-    using T = typename std::decay_t<decltype(v)>::value_type;
-    T* d = nullptr;
-    CUDA_OK(cudaMalloc(&d, v.size() * sizeof(T)));
-    CUDA_OK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-  };
-  float *d_lse = up(lse), *d_g = up(g), *d_w = up(w);
-  int32_t* d_target = up(target);
-  float *d_col_lse = up(col_lse), *d_col_g = up(col_g);
-  int32_t* d_col_target = up(col_target);
+  float *d_lse = upload(lse), *d_g = upload(g), *d_w = upload(w);
+  int32_t* d_target = upload(target);
+  float *d_col_lse = upload(col_lse), *d_col_g = upload(col_g);
+  int32_t* d_col_target = upload(col_target);
   std::vector<int32_t> ids(static_cast<size_t>(C));
   for (int64_t j = 0; j < C; ++j) ids[size_t(j)] = int32_t(model.id(j));
-  int32_t* d_ids = up(ids);
+  int32_t* d_ids = upload(ids);
   void* d_bias = model.kind == Model::general ? model.bias.device() : nullptr;
   // fp16: G's factor and its inverse, from the largest |G| the terms allow (|dx/dz| <= 1).
   double g_bound = 0;
@@ -527,7 +532,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   int g_exp = 0;
   std::frexp(g_bound * std::fabs(scale), &g_exp);
   const double factor = fp16 ? std::ldexp(1.0, 14 - g_exp) : 1.0;
-  float* d_factor = up(std::vector<float>{float(factor), float(1.0 / factor)});
+  float* d_factor = upload(std::vector<float>{float(factor), float(1.0 / factor)});
   const int64_t ldgt = (R + 7) / 8 * 8;
   void *G = nullptr, *GT = nullptr;
   CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
@@ -647,7 +652,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   CUDA_OK(cudaMalloc(&dB_out, size_t(W * D * elem)));
   std::vector<int32_t> order(W);
   for (int64_t j = 0; j < W; ++j) order[j] = int32_t(W - 1 - j);
-  int32_t* d_order = up(order);
+  int32_t* d_order = upload(order);
   const size_t ws =
       std::max(tlse_hop_product_workspace(dtype, R, D, W, 32, 0), tlse_hop_product_workspace(dtype, W, D, R, 32, 0));
   void* workspace = nullptr;
@@ -748,13 +753,13 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
 }
 
 /// A product into fp32 K-split partials (out_f32, K split), then into a complete bf16 output in a
-/// padded row (ldo, the padding filled with a sentinel and left alone) under a row scale (random
-/// factors, every seventh 0: exact zeros however large the row's sums). Rows of N = 130 values are
-/// not whole 16-byte chunks, so that the tile leaves from the registers; N = 128 goes through the
-/// staged stores. The fp32 sums' tolerance is 2^-16 sum |a b| per element, bf16 output adds its
-/// rounding, 2^-8 |value|. The default M x N has few tiles, so the fp32 product splits K; a large
-/// one (no split) gives each CTA several tiles, each cluster several pairs of them (TileConfig),
-/// and every row_step-th row is checked there.
+/// padded row (ldo, the padding filled with a sentinel and left alone) under a row scale
+/// (random_row_scales). Rows of N = 130 values are not whole 16-byte chunks, so that the tile
+/// leaves from the registers; N = 128 goes through the staged stores. The fp32 sums' tolerance is
+/// 2^-16 sum |a b| per element, bf16 output adds its rounding, 2^-8 |value|. The default M x N
+/// has few tiles, so the fp32 product splits K; a large one (no split) gives each CTA several
+/// tiles, each cluster several pairs of them (TileConfig), and every row_step-th row is checked
+/// there.
 void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 3000, bool splits_k = true,
                           int64_t row_step = 1) {
   Operand A{TLSE_HOP_BF16, M, K}, B{TLSE_HOP_BF16, K, ld};  // B(k, n) = B row k, column n
@@ -774,12 +779,8 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
   p.workspace = workspace, p.workspace_bytes = ws, p.max_k_splits = 8;
   int rc = tlse_hop_product(&p, nullptr);
   const int64_t splits = p.k_splits;
-  std::vector<float> row_scale(static_cast<size_t>(M));
-  std::uniform_real_distribution<float> factor(-2.f, 2.f);
-  for (int64_t m = 0; m < M; ++m) row_scale[size_t(m)] = m % 7 == 3 ? 0.f : factor(rng);
-  float* d_row_scale = nullptr;
-  CUDA_OK(cudaMalloc(&d_row_scale, size_t(M) * sizeof(float)));
-  CUDA_OK(cudaMemcpy(d_row_scale, row_scale.data(), size_t(M) * sizeof(float), cudaMemcpyHostToDevice));
+  const std::vector<float> row_scale = random_row_scales(M);
+  float* d_row_scale = upload(row_scale);
   if (rc == 0) {
     p.out_f32 = nullptr, p.out = out, p.max_k_splits = 1, p.row_scale = d_row_scale;
     rc = tlse_hop_product(&p, nullptr);
@@ -824,7 +825,7 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
 
 /// A product whose A lies in panels of P columns (a_panel: the training step's kept exponentials,
 /// one product over all of them), each row of a panel padded to lda and the panels a gap apart,
-/// padding and gaps holding NaN that no load may touch, under a row scale (every seventh 0), into
+/// padding and gaps holding NaN that no load may touch, under a row scale (random_row_scales), into
 /// fp32 written or added into (accumulate: random values there before). Few output tiles (the
 /// default N) split K, across panels; M x N = 2000 x 1024 gives each CTA several tiles (every
 /// row_step-th row checked). Tolerance as check_product_stores' fp32: 2^-16 sum |a b|, plus the
@@ -839,19 +840,13 @@ void check_panel_product(int dtype, int64_t M, int64_t N, int64_t P, int64_t pan
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k)
       std::memcpy(&stored[size_t((k / P) * stride + m * lda + k % P)], &A.bytes[size_t((m * K + k) * 2)], 2);
-  void *dA = nullptr, *dB = B.device(), *workspace = nullptr;
-  CUDA_OK(cudaMalloc(&dA, stored.size() * 2));
-  CUDA_OK(cudaMemcpy(dA, stored.data(), stored.size() * 2, cudaMemcpyHostToDevice));
-  std::vector<float> old(static_cast<size_t>(M * N), 1e30f), row_scale(static_cast<size_t>(M));
+  std::vector<float> old(static_cast<size_t>(M * N), 1e30f);
   std::uniform_real_distribution<float> uniform(-2.f, 2.f);
   if (accumulate)
     for (float& v : old) v = uniform(rng);
-  for (int64_t m = 0; m < M; ++m) row_scale[size_t(m)] = m % 7 == 3 ? 0.f : uniform(rng);
-  float *out = nullptr, *d_row_scale = nullptr;
-  CUDA_OK(cudaMalloc(&out, old.size() * sizeof(float)));
-  CUDA_OK(cudaMemcpy(out, old.data(), old.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMalloc(&d_row_scale, size_t(M) * sizeof(float)));
-  CUDA_OK(cudaMemcpy(d_row_scale, row_scale.data(), size_t(M) * sizeof(float), cudaMemcpyHostToDevice));
+  const std::vector<float> row_scale = random_row_scales(M);
+  void *dA = upload(stored), *dB = B.device(), *workspace = nullptr;
+  float *out = upload(old), *d_row_scale = upload(row_scale);
   const size_t ws = tlse_hop_product_workspace(dtype, M, N, K, 8, 0);
   if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
   tlse_hop_product_args p{};
