@@ -752,6 +752,20 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target), cudaFree(d_ids), cudaFree(d_bias);
 }
 
+/// Entry (m, n) of the product A B (A: M x K, B: K x N, their rows as Operand stores them) in
+/// double, and the sum of its terms' magnitudes, which the fp32 products' tolerances scale with.
+struct ProductEntry {
+  double value = 0, bound = 0;
+};
+ProductEntry product_entry(const Operand& A, const Operand& B, int64_t m, int64_t n) {
+  ProductEntry e;
+  for (int64_t k = 0; k < A.depth; ++k) {
+    const double t = A.value[size_t(m * A.depth + k)] * B.value[size_t(k * B.depth + n)];
+    e.value += t, e.bound += std::fabs(t);
+  }
+  return e;
+}
+
 /// A product into fp32 K-split partials (out_f32, K split), then into a complete bf16 output in a
 /// padded row (ldo, the padding filled with a sentinel and left alone) under a row scale
 /// (random_row_scales). Rows of N = 130 values are not whole 16-byte chunks, so that the tile
@@ -801,11 +815,7 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
       if (bits != 0x7f7f) ++outside;
     }
     for (int64_t n = 0; n < N; ++n) {
-      double ref = 0, bound = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double t = A.value[m * K + k] * B.value[k * ld + n];
-        ref += t, bound += std::fabs(t);
-      }
+      const auto [ref, bound] = product_entry(A, B, m, n);
       const double tol = std::ldexp(bound, -16) + 1e-6;
       worst_f32 = std::max(worst_f32, std::fabs(f[size_t(m * ld + n)] - ref) / tol);
       const double c = row_scale[size_t(m)], got = double(__bfloat162float(b[size_t(m * ld + n)]));
@@ -867,11 +877,7 @@ void check_panel_product(int dtype, int64_t M, int64_t N, int64_t P, int64_t pan
   double worst = 0;
   for (int64_t m = 0; m < M; m += row_step)
     for (int64_t n = 0; n < N; ++n) {
-      double ref = 0, bound = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double t = A.value[size_t(m * K + k)] * B.value[size_t(k * N + n)];
-        ref += t, bound += std::fabs(t);
-      }
+      const auto [ref, bound] = product_entry(A, B, m, n);
       const double c = row_scale[size_t(m)], before = accumulate ? old[size_t(m * N + n)] : 0.0;
       const double tol = std::fabs(c) * (std::ldexp(bound, -16) + 1e-6) + std::ldexp(std::fabs(before), -23) + 1e-30;
       worst = std::max(worst, std::fabs(got[size_t(m * N + n)] - (before + c * ref)) / tol);
