@@ -18,10 +18,11 @@ shows how much the power limit, and so the products' rate, depends on the values
 figures measured on other inputs do not compare).
 """
 import json
-import math
 import sys
 
 import torch
+
+from ce_inputs import ce_inputs
 
 SHAPES = [  # (case, M, N, K): rows x classes over the depth
     ("cross-entropy N=8192 D=4096 V=128256", 8192, 128256, 4096),
@@ -78,9 +79,7 @@ def round_to_bits(x, bits):
 def step_products(g):
     for case, N, D, V in STEP_SHAPES:
         for bits in (None, 2):
-            e = torch.randn(N, D, device="cuda", generator=g).bfloat16()
-            c = (torch.randn(V, D, device="cuda", generator=g) * (4.0 / math.sqrt(D))).bfloat16()
-            targets = torch.randint(V, (N,), device="cuda", generator=g)
+            e, c, targets = ce_inputs(N, D, V, torch.bfloat16, "cuda", g)
             if bits:
                 e, c = round_to_bits(e, bits), round_to_bits(c, bits)
             logits = e @ c.T

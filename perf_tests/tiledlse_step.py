@@ -14,11 +14,11 @@ gradients from every row's float64 LSE (N V D multiply-adds in float64 on the GP
 over max |ref| on the sample, as `tlse --check-sampled` reports it. One line per case.
 """
 import argparse
-import math
 
 import torch
 
 import tiledlse
+from ce_inputs import ce_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -42,10 +42,9 @@ def sampled_errors(e, c, t):
 
 
 def time_step(dtype, N, D, V, mib, check):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    e = torch.randn(N, D, device="cuda", generator=g).to(DTYPES[dtype]).requires_grad_()
-    c = (torch.randn(V, D, device="cuda", generator=g) * (4 / math.sqrt(D))).to(DTYPES[dtype]).requires_grad_()
-    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    e, c, t = ce_inputs(N, D, V, DTYPES[dtype], "cuda", torch.Generator(device="cuda").manual_seed(0))
+    e.requires_grad_()
+    c.requires_grad_()
 
     def step():
         e.grad = c.grad = None

@@ -20,16 +20,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from baselines import dev, peak_mib, timeit  # noqa: E402
+from ce_inputs import ce_inputs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cross_entropy(N, D, V, dtype="fp32", softcap=0.0, s=4.0):
     torch.backends.cuda.matmul.allow_tf32 = False
-    g = torch.Generator(device=dev).manual_seed(0)
-    e = torch.randn(N, D, device=dev, generator=g).to(DTYPES[dtype])
-    c = (torch.randn(V, D, device=dev, generator=g) * (s / math.sqrt(D))).to(DTYPES[dtype])
-    t = torch.randint(0, V, (N,), device=dev, generator=g)
+    e, c, t = ce_inputs(N, D, V, DTYPES[dtype], dev, torch.Generator(device=dev).manual_seed(0), scale=s)
     e.requires_grad_(True)
     c.requires_grad_(True)
 
