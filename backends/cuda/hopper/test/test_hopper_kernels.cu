@@ -81,12 +81,6 @@ struct Operand {
       value[i] = double(v);
     }
   }
-  void* device() const {
-    void* d = nullptr;
-    CUDA_OK(cudaMalloc(&d, bytes.size()));
-    CUDA_OK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    return d;
-  }
 };
 
 std::vector<double> logits(const Operand& A, const Operand& B, double scale) {
@@ -107,14 +101,44 @@ std::vector<T> download(const T* d, size_t n) {
   return h;
 }
 
-/// A device copy of v (cudaFree it).
-template <class T>
-T* upload(const std::vector<T>& v) {
-  T* d = nullptr;
-  CUDA_OK(cudaMalloc(&d, v.size() * sizeof(T)));
-  CUDA_OK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
+/// The device memory of one check, freed when the check returns, on its failure paths too.
+class DeviceBuffers {
+ public:
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* d : owned_) cudaFree(d);
+  }
+  /// n uninitialized values of T (nullptr for none).
+  template <class T>
+  T* allocate(size_t n) {
+    if (n == 0) return nullptr;
+    void* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, n * sizeof(T)));
+    owned_.push_back(d);
+    return static_cast<T*>(d);
+  }
+  /// n values of T whose every byte is `byte`.
+  template <class T>
+  T* filled(size_t n, unsigned char byte) {
+    T* d = allocate<T>(n);
+    CUDA_OK(cudaMemset(d, byte, n * sizeof(T)));
+    return d;
+  }
+  /// A device copy of v.
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    T* d = allocate<T>(v.size());
+    CUDA_OK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  /// An operand's values in its input type.
+  void* upload(const Operand& op) { return upload(op.bytes); }
+
+ private:
+  std::vector<void*> owned_;
+};
 
 /// The products' row scales: uniform in [-2, 2], every seventh 0 (an exact zero however large
 /// the row's sums).
@@ -209,11 +233,11 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   for (int64_t i = 0; diagonal != NO_DIAGONAL && i < R; ++i)
     if (i + diagonal >= 0 && i + diagonal < C) x[i * C + i + diagonal] = -INFINITY;
   const auto magnitude = [](double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; };
-  void *dA = A.device(), *dB = B.device();
+  DeviceBuffers mem;
+  void *dA = mem.upload(A), *dB = mem.upload(B);
   const int64_t max_splits = 8, max_groups = 4;
-  float* parts = nullptr;
   const size_t n_parts = size_t(2 * max_splits * R + 3 * max_groups * C);
-  CUDA_OK(cudaMalloc(&parts, n_parts * sizeof(float)));
+  float* parts = mem.allocate<float>(n_parts);
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
@@ -274,7 +298,6 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
       long(a.row_groups), worst_row, worst_col, worst_sum,
       sums ? "" : (", tiles spread beyond 64: " + std::to_string(wide) + "/" + std::to_string(tiles)).c_str());
   expect(worst_row <= 1 && worst_col <= 1 && worst_sum <= 1, name + buf);
-  cudaFree(dA), cudaFree(dB), cudaFree(parts);
 }
 
 /// The forward keeping its exponentials (bf16 or fp16 inputs, the training step's rows-only
@@ -304,7 +327,8 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(0.5), B.fill(0.5);
   const std::vector<double> x = logits(A, B, scale);
-  void *dA = A.device(), *dB = B.device();
+  DeviceBuffers mem;
+  void *dA = mem.upload(A), *dB = mem.upload(B);
   const int64_t ld = (P + 7) / 8 * 8 + 8, max_splits = 8, ldm = 4 * ((K + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N);
   const int64_t stride = R * ld + (panel > 0 ? 24 : 0);  // from a panel to the next
   const int64_t tail_at = first_layers * stride + 40;    // where the tail's panels begin (16-byte aligned)
@@ -323,9 +347,9 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
     if (i % 3 == 0) row_shift[i] = float(x[i * C + column(rng)]);
     if (i % 3 == 1) row_shift[i] = float(row_max - 100);
   }
-  uint16_t* kept = upload(init);
-  float *shift = upload(init_max), *d_row_shift = upload(row_shift), *parts = nullptr;
-  CUDA_OK(cudaMalloc(&parts, size_t(2 * max_splits * R) * sizeof(float)));
+  uint16_t* kept = mem.upload(init);
+  float *shift = mem.upload(init_max), *d_row_shift = mem.upload(row_shift);
+  float* parts = mem.allocate<float>(size_t(2 * max_splits * R));
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
   a.exponentials = kept, a.ld_exponentials = ld, a.exponentials_shift = shift;
@@ -411,7 +435,6 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
     expect(worst_shift <= 1 && worst_e <= 1 && worst_lse <= 1 && outside == 0 && (!shifted || under_row_shift > 0),
            name + buf);
   }
-  cudaFree(dA), cudaFree(dB), cudaFree(kept), cudaFree(shift), cudaFree(parts), cudaFree(d_row_shift);
 }
 
 /// Backward, bf16: a gradient panel (row terms of a cross-entropy: lse, g, target, w), then
@@ -420,16 +443,13 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
 /// the products' error by 2^-8 sum |G||B| per element.
 /// Rows [first, first + n) of an operand transposed: depth rows of n elements, leading dimension
 /// ld (TF32's products read every operand K-major).
-void* transposed(const Operand& op, int64_t first, int64_t n, int64_t ld) {
+std::vector<unsigned char> transposed(const Operand& op, int64_t first, int64_t n, int64_t ld) {
   const int e = op.elem();
   std::vector<unsigned char> t(size_t(op.depth * ld * e), 0);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t k = 0; k < op.depth; ++k)
       std::memcpy(&t[size_t((k * ld + i) * e)], &op.bytes[size_t(((first + i) * op.depth + k) * e)], size_t(e));
-  void* d = nullptr;
-  CUDA_OK(cudaMalloc(&d, t.size()));
-  CUDA_OK(cudaMemcpy(d, t.data(), t.size(), cudaMemcpyHostToDevice));
-  return d;
+  return t;
 }
 
 /// The logit model as check_backward applies it. general: column position j has id C - 1 - j (a
@@ -516,15 +536,16 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
       d *= model.dx_dz(x[i * C + j]);
     }
 
-  void *dA = A.device(), *dB = B.device();
-  float *d_lse = upload(lse), *d_g = upload(g), *d_w = upload(w);
-  int32_t* d_target = upload(target);
-  float *d_col_lse = upload(col_lse), *d_col_g = upload(col_g);
-  int32_t* d_col_target = upload(col_target);
+  DeviceBuffers mem;
+  void *dA = mem.upload(A), *dB = mem.upload(B);
+  float *d_lse = mem.upload(lse), *d_g = mem.upload(g), *d_w = mem.upload(w);
+  int32_t* d_target = mem.upload(target);
+  float *d_col_lse = mem.upload(col_lse), *d_col_g = mem.upload(col_g);
+  int32_t* d_col_target = mem.upload(col_target);
   std::vector<int32_t> ids(static_cast<size_t>(C));
   for (int64_t j = 0; j < C; ++j) ids[size_t(j)] = int32_t(model.id(j));
-  int32_t* d_ids = upload(ids);
-  void* d_bias = model.kind == Model::general ? model.bias.device() : nullptr;
+  int32_t* d_ids = mem.upload(ids);
+  void* d_bias = model.kind == Model::general ? mem.upload(model.bias) : nullptr;
   // fp16: G's factor and its inverse, from the largest |G| the terms allow (|dx/dz| <= 1).
   double g_bound = 0;
   for (int64_t i = 0; i < R; ++i) g_bound = std::max(g_bound, double(std::fabs(g[i]) + std::fabs(w[i])));
@@ -532,20 +553,15 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   int g_exp = 0;
   std::frexp(g_bound * std::fabs(scale), &g_exp);
   const double factor = fp16 ? std::ldexp(1.0, 14 - g_exp) : 1.0;
-  float* d_factor = upload(std::vector<float>{float(factor), float(1.0 / factor)});
+  float* d_factor = mem.upload(std::vector<float>{float(factor), float(1.0 / factor)});
   const int64_t ldgt = (R + 7) / 8 * 8;
-  void *G = nullptr, *GT = nullptr;
-  CUDA_OK(cudaMalloc(&G, size_t(R * ldg * elem)));
-  CUDA_OK(cudaMemset(G, 0, size_t(R * ldg * elem)));
-  if (tf32) CUDA_OK(cudaMalloc(&GT, size_t(W * ldgt * elem)));
-  if (tf32) CUDA_OK(cudaMemset(GT, 0, size_t(W * ldgt * elem)));
+  void* G = mem.filled<unsigned char>(size_t(R * ldg * elem), 0);
+  void* GT = tf32 ? mem.filled<unsigned char>(size_t(W * ldgt * elem), 0) : nullptr;
   const int64_t row_tiles = (R + TLSE_HOP_TILE_M - 1) / TLSE_HOP_TILE_M,
                 col_tiles = (W + TLSE_HOP_TILE_N - 1) / TLSE_HOP_TILE_N;
-  uint8_t* mask = nullptr;
-  CUDA_OK(cudaMalloc(&mask, size_t(row_tiles * col_tiles)));
-  float *row_dot = nullptr, *col_sums = nullptr;
-  CUDA_OK(cudaMalloc(&row_dot, size_t(16 * R) * sizeof(float)));
-  CUDA_OK(cudaMalloc(&col_sums, size_t(row_tiles * W) * sizeof(float)));
+  uint8_t* mask = mem.allocate<uint8_t>(size_t(row_tiles * col_tiles));
+  float* row_dot = mem.allocate<float>(size_t(16 * R));
+  float* col_sums = mem.allocate<float>(size_t(row_tiles * W));
   auto a = sweep_args<tlse_hop_gradient_args>(dtype, dA, dB, R, C, D, scale);
   a.row_terms = {d_lse, d_g, d_target, d_w};
   if (both) a.col_terms = {d_col_lse, d_col_g, d_col_target, d_col_g};
@@ -646,22 +662,19 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
     }
   }
   // Products. dA (R x D fp32) = G B_panel; dB (W x D bf16, rows through a reversed index) = G^T A.
-  float* dA_out = nullptr;
-  CUDA_OK(cudaMalloc(&dA_out, size_t(R * D) * sizeof(float)));
-  void* dB_out = nullptr;
-  CUDA_OK(cudaMalloc(&dB_out, size_t(W * D * elem)));
+  float* dA_out = mem.allocate<float>(size_t(R * D));
+  void* dB_out = mem.allocate<unsigned char>(size_t(W * D * elem));
   std::vector<int32_t> order(W);
   for (int64_t j = 0; j < W; ++j) order[j] = int32_t(W - 1 - j);
-  int32_t* d_order = upload(order);
+  int32_t* d_order = mem.upload(order);
   const size_t ws =
       std::max(tlse_hop_product_workspace(dtype, R, D, W, 32, 0), tlse_hop_product_workspace(dtype, W, D, R, 32, 0));
-  void* workspace = nullptr;
-  if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
+  void* workspace = mem.allocate<unsigned char>(ws);
   tlse_hop_product_args p{};
   p.dtype = dtype;
   const int64_t ldbt = (W + 7) / 8 * 8;
-  void* Bt = tf32 ? transposed(B, col_begin, W, ldbt) : nullptr;
-  void* At = tf32 ? transposed(A, 0, R, ldgt) : nullptr;
+  void* Bt = tf32 ? mem.upload(transposed(B, col_begin, W, ldbt)) : nullptr;
+  void* At = tf32 ? mem.upload(transposed(A, 0, R, ldgt)) : nullptr;
   p.a = G, p.lda = ldg, p.a_transposed = 0;
   if (tf32)
     p.b = Bt, p.ldb = ldbt, p.b_transposed = 0;
@@ -688,9 +701,7 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   // dB again in place, complete (no index, K not split): the tile leaves through TMA, which must
   // clip it at W rows and D columns of a wider, taller output (a padded row, a row past the end).
   const int64_t ld_plain = D + 8, plain_bytes = (W + 1) * ld_plain * elem;
-  void* dB_plain = nullptr;
-  CUDA_OK(cudaMalloc(&dB_plain, size_t(plain_bytes)));
-  CUDA_OK(cudaMemset(dB_plain, 0x7f, size_t(plain_bytes)));
+  void* dB_plain = mem.filled<unsigned char>(size_t(plain_bytes), 0x7f);
   if (rc == 0) {
     p.out = dB_plain, p.out_index = nullptr, p.ldo = ld_plain, p.max_k_splits = 1;
     rc = tlse_hop_product(&p, nullptr);
@@ -745,11 +756,6 @@ void check_backward(int dtype, int64_t R, int64_t C, int64_t D, int64_t col_begi
   expect(worst_g <= 1 && outside == 0 && worst_rowsum <= 1 && worst_colsum <= 1 && worst_dA <= 1 && worst_dB <= 1 &&
              worst_dB_plain <= 1 && plain_outside == 0,
          name + buf);
-  for (void* ptr :
-       {dA, dB, (void*)d_lse, (void*)d_g, (void*)d_w, (void*)d_target, G, GT, (void*)mask, (void*)row_dot,
-        (void*)col_sums, (void*)dA_out, dB_out, dB_plain, (void*)d_order, workspace, At, Bt, (void*)d_factor})
-    cudaFree(ptr);
-  cudaFree(d_col_lse), cudaFree(d_col_g), cudaFree(d_col_target), cudaFree(d_ids), cudaFree(d_bias);
 }
 
 /// Entry (m, n) of the product A B (A: M x K, B: K x N, their rows as Operand stores them) in
@@ -778,13 +784,12 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
                           int64_t row_step = 1) {
   Operand A{TLSE_HOP_BF16, M, K}, B{TLSE_HOP_BF16, K, ld};  // B(k, n) = B row k, column n
   A.fill(1.0), B.fill(1.0);
-  void *dA = A.device(), *dB = B.device(), *out = nullptr, *workspace = nullptr;
-  float* out_f32 = nullptr;
-  CUDA_OK(cudaMalloc(&out_f32, size_t(M * ld) * sizeof(float)));
-  CUDA_OK(cudaMalloc(&out, size_t(M * ld) * 2));
-  CUDA_OK(cudaMemset(out, 0x7f, size_t(M * ld) * 2));
+  DeviceBuffers mem;
+  void *dA = mem.upload(A), *dB = mem.upload(B);
+  float* out_f32 = mem.allocate<float>(size_t(M * ld));
+  __nv_bfloat16* out = mem.filled<__nv_bfloat16>(size_t(M * ld), 0x7f);
   const size_t ws = tlse_hop_product_workspace(TLSE_HOP_BF16, M, N, K, 8, 0);
-  if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
+  void* workspace = mem.allocate<unsigned char>(ws);
   tlse_hop_product_args p{};
   p.dtype = TLSE_HOP_BF16;
   p.a = dA, p.lda = K, p.b = dB, p.ldb = ld, p.b_transposed = 1;
@@ -794,7 +799,7 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
   int rc = tlse_hop_product(&p, nullptr);
   const int64_t splits = p.k_splits;
   const std::vector<float> row_scale = random_row_scales(M);
-  float* d_row_scale = upload(row_scale);
+  float* d_row_scale = mem.upload(row_scale);
   if (rc == 0) {
     p.out_f32 = nullptr, p.out = out, p.max_k_splits = 1, p.row_scale = d_row_scale;
     rc = tlse_hop_product(&p, nullptr);
@@ -805,7 +810,7 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
     return;
   }
   const auto f = download(out_f32, size_t(M * ld));
-  const auto b = download(static_cast<__nv_bfloat16*>(out), size_t(M * ld));
+  const auto b = download(out, size_t(M * ld));
   double worst_f32 = 0, worst_bf16 = 0;
   int64_t outside = 0;
   for (int64_t m = 0; m < M; m += row_step) {
@@ -830,7 +835,6 @@ void check_product_stores(int64_t N, int64_t ld, int64_t M = 200, int64_t K = 30
                 "written in the padding",
                 long(M), long(N), long(K), long(N), long(splits), worst_f32, worst_bf16, long(outside));
   expect((splits > 1) == splits_k && worst_f32 <= 1 && worst_bf16 <= 1 && outside == 0, buf);
-  for (void* ptr : {dA, dB, out, (void*)out_f32, workspace, (void*)d_row_scale}) cudaFree(ptr);
 }
 
 /// A product whose A lies in panels of P columns (a_panel: the training step's kept exponentials,
@@ -855,10 +859,11 @@ void check_panel_product(int dtype, int64_t M, int64_t N, int64_t P, int64_t pan
   if (accumulate)
     for (float& v : old) v = uniform(rng);
   const std::vector<float> row_scale = random_row_scales(M);
-  void *dA = upload(stored), *dB = B.device(), *workspace = nullptr;
-  float *out = upload(old), *d_row_scale = upload(row_scale);
+  DeviceBuffers mem;
+  void *dA = mem.upload(stored), *dB = mem.upload(B);
+  float *out = mem.upload(old), *d_row_scale = mem.upload(row_scale);
   const size_t ws = tlse_hop_product_workspace(dtype, M, N, K, 8, 0);
-  if (ws) CUDA_OK(cudaMalloc(&workspace, ws));
+  void* workspace = mem.allocate<unsigned char>(ws);
   tlse_hop_product_args p{};
   p.dtype = dtype;
   p.a = dA, p.lda = lda, p.a_panel = P, p.a_panel_stride = stride;
@@ -887,7 +892,6 @@ void check_panel_product(int dtype, int64_t M, int64_t N, int64_t P, int64_t pan
                 dtype == TLSE_HOP_BF16 ? "bf16" : "fp16", long(panels), long(P), long(M), long(N), long(K),
                 accumulate ? " added" : "", long(p.k_splits), worst);
   expect(worst <= 1, buf);
-  for (void* ptr : {dA, dB, workspace, (void*)out, (void*)d_row_scale}) cudaFree(ptr);
 }
 
 /// The entry points refuse what the kernels cannot take, with a reason naming the argument,
