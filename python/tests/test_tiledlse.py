@@ -533,6 +533,26 @@ def test_fused_step_auto_falls_back(device):
     assert made == STEP and len(grads) == 1 and grads[0].shape == c.shape
 
 
+@pytest.mark.skipif("cuda" not in DEVICES or not _functions.CUSTOM_OPS,
+                    reason="needs a GPU, a CUDA build of libtiledlse_c and torch.library.custom_op")
+def test_fused_step_backward_allocates_nothing():
+    """loss.backward() of the step (the custom op) hands over the gradients the forward computed:
+    no pass over them and no memory, not even zeros for the op's gradient outputs, which no
+    gradient flows into (autograd materializes such zeros unless told not to: dC's size per step)."""
+    e = rand(64, 64, dtype=torch.bfloat16, device="cuda", seed=1, scale=1.0).requires_grad_()
+    c = rand(4096, 64, dtype=torch.bfloat16, device="cuda", seed=2, scale=1.0).requires_grad_()
+    targets = torch.randint(0, 4096, (64,), generator=torch.Generator().manual_seed(3)).cuda()
+    loss = tiledlse.linear_cross_entropy(e, c, targets, fused_step=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss.backward()
+    torch.cuda.synchronize()
+    grown = torch.cuda.max_memory_allocated() - before
+    assert grown < c.numel() * c.element_size() // 8, grown  # dC is 512 KiB
+    assert e.grad is not None and c.grad is not None and e.grad.abs().sum().item() > 0
+
+
 def library_answers(fused, run):
     """Runs `run()` with _calls.step_fuses answering `fused` (as the library on a Hopper GPU with a
     large memory_budget would); returns the (N, V, D, need_bias) of each question asked."""
