@@ -23,6 +23,7 @@ import sys
 import torch
 
 from ce_inputs import ce_inputs
+from ce_step import cublas_products
 
 SHAPES = [  # (case, M, N, K): rows x classes over the depth
     ("cross-entropy N=8192 D=4096 V=128256", 8192, 128256, 4096),
@@ -82,20 +83,12 @@ def step_products(g):
             e, c, targets = ce_inputs(N, D, V, torch.bfloat16, "cuda", g)
             if bits:
                 e, c = round_to_bits(e, bits), round_to_bits(c, bits)
-            logits = e @ c.T
-            grad = torch.softmax(logits.float(), dim=-1)
-            grad[torch.arange(N, device="cuda"), targets] -= 1
-            grad = (grad / N).bfloat16()
-            de, dc = torch.empty_like(e), torch.empty_like(c)
-
-            products = (lambda: torch.matmul(e, c.T, out=logits), lambda: torch.matmul(grad, c, out=de),
-                        lambda: torch.matmul(grad.T, e, out=dc))
-            ms, each = median_split_ms(products)
+            ms, each = median_split_ms(cublas_products(e, c, targets))
             print(json.dumps({"case": case, "gemm": f"3 x {N}x{V}x{D} bf16 (E C^T, G C, G^T E)",
                               "operands": f"{bits} significant bits" if bits else "as baselines.py draws them",
                               "ms": round(ms, 3), "each_ms": [round(t, 3) for t in each],
                               "tflops": round(3 * 2 * N * V * D / ms / 1e9, 1), "device": torch.cuda.get_device_name()}))
-            del e, c, targets, logits, grad, de, dc
+            del e, c, targets  # the products (and their outputs) were freed after their timing
             torch.cuda.empty_cache()
 
 

@@ -17,8 +17,8 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import tiledlse
 from ce_inputs import ce_inputs
+from ce_step import cublas_products, tiledlse_step
 
 
 def kernel_table(fn, iterations=20):
@@ -43,21 +43,12 @@ def main():
         parser.error("give N D V (three integers)")
     N, D, V = args.shape
     e, c, t = ce_inputs(N, D, V, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(0))
-    logits = e @ c.T
-    grad = torch.softmax(logits.float(), dim=-1)
-    grad[torch.arange(N, device="cuda"), t] -= 1
-    grad = (grad / N).bfloat16()
-    de, dc = torch.empty_like(e), torch.empty_like(c)
-    e_step, c_step = e.clone().requires_grad_(), c.clone().requires_grad_()
+    products = cublas_products(e, c, t)
+    step = tiledlse_step(e.clone().requires_grad_(), c.clone().requires_grad_(), t, args.budget << 20)
 
     def cublas():
-        torch.matmul(e, c.T, out=logits)
-        torch.matmul(grad, c, out=de)
-        torch.matmul(grad.T, e, out=dc)
-
-    def step():
-        e_step.grad = c_step.grad = None
-        tiledlse.linear_cross_entropy(e_step, c_step, t, memory_budget=args.budget << 20, fused_step=True).backward()
+        for product in products:
+            product()
 
     for _ in range(30):
         cublas()

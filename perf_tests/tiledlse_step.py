@@ -17,8 +17,8 @@ import argparse
 
 import torch
 
-import tiledlse
 from ce_inputs import ce_inputs
+from ce_step import tiledlse_step
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -43,12 +43,7 @@ def sampled_errors(e, c, t):
 
 def time_step(dtype, N, D, V, mib, check):
     e, c, t = ce_inputs(N, D, V, DTYPES[dtype], "cuda", torch.Generator(device="cuda").manual_seed(0))
-    e.requires_grad_()
-    c.requires_grad_()
-
-    def step():
-        e.grad = c.grad = None
-        tiledlse.linear_cross_entropy(e, c, t, memory_budget=mib << 20, fused_step=True).backward()
+    step = tiledlse_step(e.requires_grad_(), c.requires_grad_(), t, mib << 20)
 
     for _ in range(3):
         step()

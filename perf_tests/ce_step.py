@@ -1,0 +1,30 @@
+"""The two implementations of a cross-entropy training step that the benchmarks time on the same
+inputs (ce_inputs): cuBLAS's three products alone, and TiledLSE's step through the package. Used by
+gemm_rate.py --step, tiledlse_step.py, step_from_idle.py and step_kernels.py.
+"""
+import torch
+
+
+def cublas_products(e, c, targets):
+    """The three products of the step as torch.matmul runs them into outputs made here, a callable
+    each: the logits E C^T, dE = G C and dC = G^T E, with G what PyTorch's backward multiplies
+    ((softmax - one-hot) / N, in e's dtype)."""
+    N = e.shape[0]
+    logits = e @ c.T
+    grad = torch.softmax(logits.float(), dim=-1)
+    grad[torch.arange(N, device=e.device), targets] -= 1
+    grad = (grad / N).to(e.dtype)
+    de, dc = torch.empty_like(e), torch.empty_like(c)
+    return (lambda: torch.matmul(e, c.T, out=logits), lambda: torch.matmul(grad, c, out=de),
+            lambda: torch.matmul(grad.T, e, out=dc))
+
+
+def tiledlse_step(e, c, targets, budget_bytes):
+    """A callable: the step as a PyTorch user runs it, linear_cross_entropy(..., fused_step=True)
+    and its backward, the gradients cleared first. e and c must require gradients."""
+    import tiledlse  # here: gemm_rate.py runs where the package may not be installed
+
+    def step():
+        e.grad = c.grad = None
+        tiledlse.linear_cross_entropy(e, c, targets, memory_budget=budget_bytes, fused_step=True).backward()
+    return step
