@@ -224,12 +224,16 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
 /// per entry for both sides in the tiles whose logits lie within 64 of each other. diagonal:
 /// entry (i, i + diagonal) is masked (the self-similarity form's mask, diagonal 0), the general
 /// model in the tiles it meets and the simple one elsewhere, in the same kernel.
+/// columns false: the row LSE alone (the cross-entropy forward), under a softcap when softcap > 0
+/// (x = softcap tanh(scale dot / softcap)).
 constexpr int64_t NO_DIAGONAL = INT64_MIN;
 void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev, int64_t valid = INT64_MAX,
-                   bool sums = true, int64_t diagonal = NO_DIAGONAL) {
+                   bool sums = true, int64_t diagonal = NO_DIAGONAL, bool columns = true, double softcap = 0) {
   Operand A{dtype, R, D}, B{dtype, C, D};
   A.fill(stddev), B.fill(stddev);
   std::vector<double> x = logits(A, B, scale);
+  for (double& v : x)
+    if (softcap > 0) v = softcap * std::tanh(v / softcap);
   for (int64_t i = 0; diagonal != NO_DIAGONAL && i < R; ++i)
     if (i + diagonal >= 0 && i + diagonal < C) x[i * C + i + diagonal] = -INFINITY;
   const auto magnitude = [](double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; };
@@ -240,16 +244,23 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   float* parts = mem.allocate<float>(n_parts);
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
   a.row_max = parts, a.row_sum = parts + max_splits * R;
-  a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
-  a.col_logit_sum = sums ? a.col_sum + max_groups * C : nullptr;
+  if (columns) {
+    a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
+    a.col_logit_sum = sums ? a.col_sum + max_groups * C : nullptr;
+  }
   a.max_col_splits = max_splits, a.max_row_groups = max_groups;
   a.logit.valid_cols = valid;
+  a.logit.softcap = float(softcap);
   if (diagonal != NO_DIAGONAL) a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = diagonal;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::string name = "forward dtype " + std::to_string(dtype) + " " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale) +
-                           (valid < C ? " valid " + std::to_string(valid) : "") + (sums ? "" : " no sums") +
+                           (valid < C ? " valid " + std::to_string(valid) : "") +
+                           (!columns ? " rows only"
+                            : sums   ? ""
+                                     : " no sums") +
+                           (softcap > 0 ? " softcap " + std::to_string(softcap) : "") +
                            (diagonal != NO_DIAGONAL ? " diagonal " + std::to_string(diagonal) + " masked" : "");
   const int64_t V = std::min(C, valid);
   if (rc != 0) {
@@ -270,7 +281,7 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
     const double ref = lse_along(x, i * C, 1, V), got = merge_lse(row_max, row_sum, a.col_splits, R, i);
     worst_row = std::max(worst_row, std::fabs(got - ref) / (u * (amax + 1) * std::sqrt(double(D)) + 1e-5));
   }
-  for (int64_t j = 0; j < V; ++j) {  // a masked column has no LSE of its own to check
+  for (int64_t j = 0; columns && j < V; ++j) {  // a masked column has no LSE of its own to check
     double amax = 0, total = 0;
     for (int64_t i = 0; i < R; ++i)  // the logit sums leave masked entries out
       amax = std::max(amax, magnitude(x[i * C + j])), total += x[i * C + j] != -INFINITY ? x[i * C + j] : 0.0;
@@ -284,7 +295,7 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   }
   // Which way the contrastive tiles (128 x 256) went: spread beyond 64, two exponentials.
   int64_t tiles = 0, wide = 0;
-  for (int64_t i0 = 0; !sums && i0 < R; i0 += 128)
+  for (int64_t i0 = 0; columns && !sums && i0 < R; i0 += 128)
     for (int64_t j0 = 0; j0 < V; j0 += 256, ++tiles) {
       double lo = INFINITY, hi = -INFINITY;
       for (int64_t i = i0; i < std::min(i0 + 128, R); ++i)
@@ -293,10 +304,11 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
       wide += hi - lo > 64;
     }
   char buf[200];
-  std::snprintf(
-      buf, sizeof buf, ": splits %ld groups %ld, error/tolerance row %.3f col %.3f sums %.3f%s", long(a.col_splits),
-      long(a.row_groups), worst_row, worst_col, worst_sum,
-      sums ? "" : (", tiles spread beyond 64: " + std::to_string(wide) + "/" + std::to_string(tiles)).c_str());
+  std::snprintf(buf, sizeof buf, ": splits %ld groups %ld, error/tolerance row %.3f col %.3f sums %.3f%s",
+                long(a.col_splits), long(a.row_groups), worst_row, worst_col, worst_sum,
+                sums || !columns
+                    ? ""
+                    : (", tiles spread beyond 64: " + std::to_string(wide) + "/" + std::to_string(tiles)).c_str());
   expect(worst_row <= 1 && worst_col <= 1 && worst_sum <= 1, name + buf);
 }
 
@@ -1027,6 +1039,16 @@ int main() {
   check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, false, 0);
   check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, true, 300);
   check_forward(TLSE_HOP_TF32, 700, 700, 72, 2.0, 1.0, INT64_MAX, false, -5);
+  // The row LSE alone (the cross-entropy forward), one row tile to several a CTA, under a softcap.
+  constexpr bool with_sums = false, with_columns = false;
+  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16}) {
+    check_forward(dtype, 300, 700, 200, 1.0, 0.3, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+    check_forward(dtype, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+    check_forward(dtype, 100, 3000, 136, 1.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+    check_forward(dtype, 2000, 4100, 64, 2.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+  }
+  check_forward(TLSE_HOP_BF16, 257, 513, 520, 8.0, 0.2, INT64_MAX, with_sums, NO_DIAGONAL, with_columns, 5.0);
+  check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16})
     for (bool shifted : {false, true}) {
       if (shifted && dtype == TLSE_HOP_FP16) continue;  // fp16 takes no row shifts
