@@ -222,7 +222,10 @@ typedef struct {
 TLSE_HOP_API int tlse_hop_device_supported(int device);
 
 /** Fills col_splits and row_groups as tlse_hop_lse_forward will use them (nothing is launched),
- * so that the caller can place the partials; 0 or an error code. */
+ * so that the caller can place the partials; 0 or an error code. The row LSE alone of bf16 or
+ * fp16 inputs under the simple logit model runs in clusters of two CTAs sharing their column
+ * tiles, unless the environment variable TLSE_HOP_FORWARD is "single" (read at each call: plan
+ * and run under the same value). */
 TLSE_HOP_API int tlse_hop_lse_forward_plan(tlse_hop_forward_args* args);
 TLSE_HOP_API int tlse_hop_lse_forward(tlse_hop_forward_args* args, void* cuda_stream);
 TLSE_HOP_API int tlse_hop_gradient(tlse_hop_gradient_args* args, void* cuda_stream);

@@ -91,9 +91,10 @@ constexpr int64_t L2_PANEL_BUDGET = int64_t(24) << 20;
 /// stages loaded): about the pipeline's depth.
 constexpr int64_t SWEEP_UNIT_OVERHEAD_STEPS = STAGES;
 
-int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes) {
-  const int sms = multiprocessors();
-  const int64_t panel = int64_t(TILE_M) * depth * element_bytes;
+int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes,
+                 int cluster) {
+  const int sms = std::max(1, multiprocessors() / cluster);  // a unit's slots: clusters
+  const int64_t panel = int64_t(cluster) * TILE_M * depth * element_bytes;
   int64_t min_splits = (int64_t(sms) * panel + L2_PANEL_BUDGET - 1) / L2_PANEL_BUDGET;
   const int64_t limit = std::max<int64_t>(1, std::min(max_splits, col_tiles));
   min_splits = std::clamp<int64_t>(min_splits, 1, limit);

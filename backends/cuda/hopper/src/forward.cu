@@ -1,23 +1,57 @@
 // tlse_hop_lse_forward: the forward sweep (mainloop + LseForwardEpilogue) for bf16, fp16 and TF32.
+#include <cstdlib>
+#include <string>
+
 #include "launch.cuh"
 #include "lse_epilogue.cuh"
 
 namespace tlse::hopper {
 namespace {
 
+/// CTAs per cluster of the rows-only forward: the pair shares its B tiles (TMA multicast), a third
+/// fewer L2 reads per flop (TileConfig).
+constexpr int FORWARD_CLUSTER_M = 2;
+
 /// Row tiles per group and column tiles per split; fills a.col_splits and a.row_groups.
 struct ForwardShape {
   int64_t row_tiles, col_tiles, per_group, per_split;
 };
 
-ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes) {
+/// The kernel a forward takes. simple: every column takes x = scale * dot, or for the row LSE
+/// alone x = capped(scale * dot), so the kernel needs no general logit model (whose per-entry ids,
+/// bias and masks made the forward 2.3x slower under a softcap: 29.9 against 12.7 ms, N=8192
+/// V=128256, H200). paired: the row LSE alone under the simple model, 16-bit inputs: in clusters of
+/// two (TileConfig), unless TLSE_HOP_FORWARD=single.
+struct ForwardKind {
+  bool columns, simple, paired;
+};
+
+template <class Input>
+ForwardKind forward_kind(const tlse_hop_forward_args& a) {
+  ForwardKind k;
+  k.columns = a.col_max || a.col_logit_sum;
+  const DeviceLogitModel<Input> model = device_logit_model<Input>(a.logit, a.rows, a.cols);
+  k.simple = model.all_simple(a.cols.count) || (!k.columns && model.capped_cols == a.cols.count);
+  const char* forced = std::getenv("TLSE_HOP_FORWARD");
+  k.paired = sizeof(Input) == 2 && !k.columns && k.simple && !(forced && std::string(forced) == "single");
+  return k;
+}
+
+/// CTAs per cluster of the kernel a forward takes.
+int forward_cluster(const ForwardKind& k) { return k.paired ? FORWARD_CLUSTER_M : 1; }
+
+ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes, int cluster) {
   ForwardShape s;
   s.row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, s.col_tiles = (a.cols.count + TILE_N - 1) / TILE_N;
   const bool columns = a.col_max || a.col_logit_sum;
-  int64_t groups = columns ? std::min<int64_t>(s.row_tiles, a.max_row_groups) : s.row_tiles;
-  s.per_group = (s.row_tiles + groups - 1) / groups;
-  groups = (s.row_tiles + s.per_group - 1) / s.per_group;  // every group has a first row tile
-  const int splits = sweep_splits(groups, s.col_tiles, a.max_col_splits, a.depth, element_bytes);
+  s.per_group = 1;  // rows alone: a row tile a unit (in a cluster, one each of its CTAs)
+  if (columns) {
+    const int64_t groups = std::min<int64_t>(s.row_tiles, a.max_row_groups);
+    s.per_group = (s.row_tiles + groups - 1) / groups;
+  }
+  // Every group has a first row tile.
+  const int64_t groups = (s.row_tiles + s.per_group * cluster - 1) / (s.per_group * cluster);
+  const int splits = sweep_splits(groups, s.col_tiles, a.max_col_splits, a.depth, element_bytes, cluster);
   s.per_split = (s.col_tiles + splits - 1) / splits;
   a.col_splits = (s.col_tiles + s.per_split - 1) / s.per_split;
   a.row_groups = groups;
@@ -35,11 +69,12 @@ int64_t kept_layers(const tlse_hop_forward_args& a) {
   return a.exponentials_panel > 0 ? (kept_columns(a) + a.exponentials_panel - 1) / a.exponentials_panel : 1;
 }
 
-template <class Input, bool Columns, bool KeepExponentials = false, bool General = true>
+template <class Input, bool Columns, bool KeepExponentials = false, bool General = true, bool Paired = false>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
-  using Config = TileConfig<MmaElement<Input>, false, false>;
+  constexpr int cluster = Paired ? FORWARD_CLUSTER_M : 1;
+  using Config = TileConfig<MmaElement<Input>, false, false, cluster>;
   using Epilogue = LseForwardEpilogue<Input, Columns, KeepExponentials, General>;
-  const ForwardShape s = plan_forward(a, sizeof(Input));
+  const ForwardShape s = plan_forward(a, sizeof(Input), cluster);
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
 
@@ -50,8 +85,8 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
                  int32_t(a.cols.count),
                  int32_t(a.depth),
                  0};
-  kp.schedule =
-      TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split), int(k_tiles), 1);
+  kp.schedule = TileSchedule::make(int(row_tiles), int(col_tiles), int(k_tiles), int(per_group), int(per_split),
+                                   int(k_tiles), 1, cluster);
   const int64_t kept = kept_columns(a);
   kp.epilogue = {device_side(a.rows),
                  device_side(a.cols),
@@ -162,8 +197,9 @@ extern "C" int tlse_hop_lse_forward_plan(tlse_hop_forward_args* a) {
   static constexpr const char* call = "tlse_hop_lse_forward_plan";
   if (a == nullptr) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": args is NULL");
   return with_input_type(a->dtype, call, [&](auto input) {
-    if (int e = check_forward(call, a, sizeof(decltype(input)))) return e;
-    plan_forward(*a, sizeof(decltype(input)));
+    using Input = decltype(input);
+    if (int e = check_forward(call, a, sizeof(Input))) return e;
+    plan_forward(*a, sizeof(Input), forward_cluster(forward_kind<Input>(*a)));
     return int(TLSE_HOP_OK);
   });
 }
@@ -174,16 +210,16 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
   return with_input_type(a->dtype, call, [&](auto input) {
     using Input = decltype(input);
     if (int e = check_forward(call, a, sizeof(Input))) return e;
-    const bool columns = a->col_max || a->col_logit_sum;
-    // Every column takes x = scale * dot, or for the row LSE alone x = capped(scale * dot): the
-    // kernel without the general logit model (whose per-entry ids, bias and masks made the
-    // forward 2.3x slower under a softcap: 29.9 against 12.7 ms, N=8192 V=128256, H200).
-    const DeviceLogitModel<Input> model = device_logit_model<Input>(a->logit, a->rows, a->cols);
-    const bool simple = model.all_simple(a->cols.count) || (!columns && model.capped_cols == a->cols.count);
+    const ForwardKind kind = forward_kind<Input>(*a);
+    const bool columns = kind.columns, simple = kind.simple;
     const auto s = static_cast<cudaStream_t>(stream);
-    if constexpr (sizeof(Input) == 2)
+    if constexpr (sizeof(Input) == 2) {
+      if (kind.paired)
+        return a->exponentials ? run_forward<Input, false, true, false, true>(*a, s)
+                               : run_forward<Input, false, false, false, true>(*a, s);
       if (a->exponentials)
         return simple ? run_forward<Input, false, true, false>(*a, s) : run_forward<Input, false, true>(*a, s);
+    }
     if (columns) return simple ? run_forward<Input, true, false, false>(*a, s) : run_forward<Input, true>(*a, s);
     return simple ? run_forward<Input, false, false, false>(*a, s) : run_forward<Input, false>(*a, s);
   });

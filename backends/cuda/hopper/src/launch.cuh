@@ -36,12 +36,14 @@ int check_operand(const char* call, const char* name, const void* data, int64_t 
 int balanced_splits(int64_t blocks_per_split, int64_t units, int64_t max_splits, int sms, int64_t overhead);
 
 /// Column splits of a sweep over col_tiles column tiles by `row_units` row units (a unit re-reads
-/// its row panel, TILE_M x depth elements of element_bytes, for every column tile): at least
+/// its row panel, TILE_M x depth elements of element_bytes, for every column tile; in clusters of
+/// `cluster` CTAs, a unit is a cluster's, its panels cluster x as many rows): at least
 /// enough that the panels of the CTAs running together fit L2_PANEL_BUDGET (units are numbered
 /// split-fastest, so the CTAs of one wave share sms / splits panels), then the fewest K steps on
 /// the busiest SM (waves x the unit's steps and overhead). The count returned splits col_tiles
 /// into equal whole-tile ranges (the last one shorter).
-int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes);
+int sweep_splits(int64_t row_units, int64_t col_tiles, int64_t max_splits, int64_t depth, int64_t element_bytes,
+                 int cluster = 1);
 
 /// Launches the kernel over the schedule's units on `stream` as a dependent launch (its setup
 /// overlaps the previous kernel's tail); 0 or a TLSE_HOP_E_LAUNCH failure.

@@ -224,6 +224,12 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
 /// per entry for both sides in the tiles whose logits lie within 64 of each other. diagonal:
 /// entry (i, i + diagonal) is masked (the self-similarity form's mask, diagonal 0), the general
 /// model in the tiles it meets and the simple one elsewhere, in the same kernel.
+/// The rows-only forward's schedule the library takes now (tlse_hopper.h), for a check's name.
+std::string forward_schedule() {
+  const char* forced = std::getenv("TLSE_HOP_FORWARD");
+  return forced && *forced ? std::string(" (TLSE_HOP_FORWARD=") + forced + ")" : std::string();
+}
+
 /// columns false: the row LSE alone (the cross-entropy forward), under a softcap when softcap > 0
 /// (x = softcap tanh(scale dot / softcap)).
 constexpr int64_t NO_DIAGONAL = INT64_MIN;
@@ -254,12 +260,10 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   if (diagonal != NO_DIAGONAL) a.logit.exclude_diagonal = 1, a.logit.diagonal_offset = diagonal;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
+  const std::string outputs = !columns ? " rows only" + forward_schedule() : sums ? "" : " no sums";
   const std::string name = "forward dtype " + std::to_string(dtype) + " " + std::to_string(R) + "x" +
                            std::to_string(C) + "x" + std::to_string(D) + " scale " + std::to_string(scale) +
-                           (valid < C ? " valid " + std::to_string(valid) : "") +
-                           (!columns ? " rows only"
-                            : sums   ? ""
-                                     : " no sums") +
+                           (valid < C ? " valid " + std::to_string(valid) : "") + outputs +
                            (softcap > 0 ? " softcap " + std::to_string(softcap) : "") +
                            (diagonal != NO_DIAGONAL ? " diagonal " + std::to_string(diagonal) + " masked" : "");
   const int64_t V = std::min(C, valid);
@@ -376,7 +380,8 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
                            std::to_string(C) + "x" + std::to_string(D) + (shifted ? ", row shifts" : "") +
                            (keep_cols > 0 ? ", columns below " + std::to_string(keep_cols) + " kept" : "") +
                            (panel > 0 ? " in panels of " + std::to_string(panel) : "") +
-                           (tail_panel >= 0 ? ", from panel " + std::to_string(tail_panel) + " in the tail" : "");
+                           (tail_panel >= 0 ? ", from panel " + std::to_string(tail_panel) + " in the tail" : "") +
+                           forward_schedule();
   if (rc != 0) {
     expect(false, name + ": " + tlse_hop_error_string());
   } else {
@@ -1039,25 +1044,32 @@ int main() {
   check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, false, 0);
   check_forward(TLSE_HOP_BF16, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, true, 300);
   check_forward(TLSE_HOP_TF32, 700, 700, 72, 2.0, 1.0, INT64_MAX, false, -5);
-  // The row LSE alone (the cross-entropy forward), one row tile to several a CTA, under a softcap.
-  constexpr bool with_sums = false, with_columns = false;
-  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16}) {
-    check_forward(dtype, 300, 700, 200, 1.0, 0.3, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
-    check_forward(dtype, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
-    check_forward(dtype, 100, 3000, 136, 1.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
-    check_forward(dtype, 2000, 4100, 64, 2.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
-  }
-  check_forward(TLSE_HOP_BF16, 257, 513, 520, 8.0, 0.2, INT64_MAX, with_sums, NO_DIAGONAL, with_columns, 5.0);
-  check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
-  for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16})
-    for (bool shifted : {false, true}) {
-      if (shifted && dtype == TLSE_HOP_FP16) continue;  // fp16 takes no row shifts
-      check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted);
-      check_kept_exponentials(dtype, 129, 2050, 72, 30.0, shifted);
-      check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted, 512);        // a prefix of the columns
-      check_kept_exponentials(dtype, 300, 1500, 200, 1.0, shifted, 1280, 512);  // in panels, the last one partial
-      check_kept_exponentials(dtype, 300, 1800, 200, 1.0, shifted, 1536, 256, 2);  // panels 2-5 in the tail
+  // The row LSE alone (the cross-entropy forward), one row tile to several a CTA, under a softcap;
+  // then the forward keeping its exponentials. Both in clusters of two CTAs, where the second CTA
+  // of a pair may lie past the last row tile (100, 129, 257, 300, 1000 rows), and one CTA a tile
+  // row (TLSE_HOP_FORWARD=single).
+  for (const char* schedule : {"", "single"}) {
+    setenv("TLSE_HOP_FORWARD", schedule, 1);
+    constexpr bool with_sums = false, with_columns = false;
+    for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16}) {
+      check_forward(dtype, 300, 700, 200, 1.0, 0.3, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+      check_forward(dtype, 1000, 1500, 72, 3.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+      check_forward(dtype, 100, 3000, 136, 1.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+      check_forward(dtype, 2000, 4100, 64, 2.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
     }
+    check_forward(TLSE_HOP_BF16, 257, 513, 520, 8.0, 0.2, INT64_MAX, with_sums, NO_DIAGONAL, with_columns, 5.0);
+    check_forward(TLSE_HOP_BF16, 129, 300, 64, 4000.0, 1.0, INT64_MAX, with_sums, NO_DIAGONAL, with_columns);
+    for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16})
+      for (bool shifted : {false, true}) {
+        if (shifted && dtype == TLSE_HOP_FP16) continue;  // fp16 takes no row shifts
+        check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted);
+        check_kept_exponentials(dtype, 129, 2050, 72, 30.0, shifted);
+        check_kept_exponentials(dtype, 300, 1001, 200, 1.0, shifted, 512);           // a prefix of the columns
+        check_kept_exponentials(dtype, 300, 1500, 200, 1.0, shifted, 1280, 512);     // in panels, the last one partial
+        check_kept_exponentials(dtype, 300, 1800, 200, 1.0, shifted, 1536, 256, 2);  // panels 2-5 in the tail
+      }
+  }
+  unsetenv("TLSE_HOP_FORWARD");
   std::printf("backward (gradient panel, products):\n");
   for (int dtype : {TLSE_HOP_BF16, TLSE_HOP_FP16, TLSE_HOP_TF32}) {
     check_backward(dtype, 300, 1000, 200, 0, 1000, 0.0);
