@@ -4,6 +4,8 @@ gemm_rate.py --step, tiledlse_step.py, step_from_idle.py and step_kernels.py.
 """
 import torch
 
+from ce_inputs import ce_inputs
+
 
 def cublas_products(e, c, targets):
     """The three products of the step as torch.matmul runs them into outputs made here, a callable
@@ -28,3 +30,15 @@ def tiledlse_step(e, c, targets, budget_bytes):
         e.grad = c.grad = None
         tiledlse.linear_cross_entropy(e, c, targets, memory_budget=budget_bytes, fused_step=True).backward()
     return step
+
+
+def step_against_products(N, D, V, budget_mib):
+    """(cuBLAS's three products as one callable, TiledLSE's step at budget_mib) on the bf16 inputs
+    of ce_inputs with seed 0 on the GPU: the pair step_from_idle.py and step_kernels.py compare."""
+    e, c, t = ce_inputs(N, D, V, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    products = cublas_products(e, c, t)
+
+    def cublas():
+        for product in products:
+            product()
+    return cublas, tiledlse_step(e.clone().requires_grad_(), c.clone().requires_grad_(), t, budget_mib << 20)

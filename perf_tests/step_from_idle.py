@@ -18,8 +18,7 @@ import time
 
 import torch
 
-from ce_inputs import ce_inputs
-from ce_step import cublas_products, tiledlse_step
+from ce_step import step_against_products
 
 
 def main():
@@ -33,13 +32,7 @@ def main():
     if len(args.shape) != 3 or args.iterations < 10:
         parser.error("give N D V (three integers) and at least 10 iterations")
     N, D, V = args.shape
-    e, c, t = ce_inputs(N, D, V, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(0))
-    products = cublas_products(e, c, t)
-    step = tiledlse_step(e.clone().requires_grad_(), c.clone().requires_grad_(), t, args.budget << 20)
-
-    def cublas():
-        for product in products:
-            product()
+    cublas, step = step_against_products(N, D, V, args.budget)
 
     for fn in (cublas, step):  # first calls: allocations, the library's plan
         fn()
