@@ -126,7 +126,9 @@ TLSE_API tlse_status tlse_context_create(tlse_context** context, int cuda_device
 
 /* Destroys a context. When the last context goes and this library initialized Kokkos, Kokkos
  * is finalized; Kokkos cannot be initialized again in the same process, so keep one context for
- * the life of the program. A Kokkos the host initialized is never finalized here. */
+ * the life of the program. A Kokkos the host initialized is never finalized here. A program may
+ * also exit with its context alive: a Kokkos this library initialized is then finalized at exit
+ * (atexit), after which destroying the context still succeeds and other calls fail. */
 TLSE_API tlse_status tlse_context_destroy(tlse_context* context);
 
 /* The CUDA device the context's kernels run on, or -1 in a library without CUDA. */

@@ -6,6 +6,8 @@
 #include <tlse/distributed/impl/agreement.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,9 +39,9 @@ thread_local std::string last_error;
 // launches share one constant-memory staging buffer. It also orders calls with context creation
 // and destruction. It guards the three below.
 std::mutex kokkos_lock;
-std::set<const tlse_context*> live_contexts;  // created and not yet destroyed
+std::set<tlse_context*, std::less<>> live_contexts;  // created and not yet destroyed
 bool initialized_here = false;
-bool finalized_here = false;
+bool finalized_here = false;  // by the last tlse_context_destroy, or at exit
 
 template <class F>
 tlse_status guarded(const char* function, F&& f) noexcept {
@@ -81,6 +83,10 @@ class CallLock {
     if (!live_contexts.count(context))
       invalid(function, "context",
               "is not a live context: it was destroyed by tlse_context_destroy, or never made by tlse_context_create");
+    if (finalized_here)  // only a context still alive at exit gets here: see finalize_at_exit
+      throw Error(TLSE_ERROR_RUNTIME, std::string(function) +
+                                          ": the program is exiting and this library has finalized Kokkos; no "
+                                          "call runs after that (destroy the context before exit instead)");
   }
 
  private:
@@ -353,6 +359,23 @@ void require_cuda_device(const char* function, int cuda_device) {
 #else
   (void)function, (void)cuda_device;
 #endif
+}
+
+/// Registered (std::atexit) when this library initializes Kokkos. A program that keeps its
+/// context to the end without destroying it would otherwise exit with Kokkos initialized, and
+/// Kokkos::Cuda's internal singleton then prints "Failed to call Kokkos::Cuda::finalize()" from
+/// its destructor. Handlers run in reverse order of registration, so this runs before the
+/// teardown of Kokkos' statics and of the CUDA runtime, both set up by the initialization it
+/// follows. The contexts stay live: a later tlse_context_destroy (say from a static object's
+/// destructor) still succeeds, and any other call on them fails with a message.
+void finalize_at_exit() {
+  std::lock_guard<std::mutex> guard(kokkos_lock);
+  if (finalized_here || !Kokkos::is_initialized()) return;
+#if defined(KOKKOS_ENABLE_CUDA)
+  for (tlse_context* c : live_contexts) c->streams.clear();  // Kokkos::Cuda instances go before Kokkos
+#endif
+  Kokkos::finalize();
+  finalized_here = true;
 }
 
 int kokkos_cuda_device() {
@@ -667,6 +690,7 @@ tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
       require_cuda_device(fn, cuda_device);
       initialize_kokkos(cuda_device);
       initialized_here = true;
+      std::atexit(finalize_at_exit);
     } else if (cuda_device >= 0 && kokkos_cuda_device() >= 0 && kokkos_cuda_device() != cuda_device) {
       invalid(fn, "cuda_device", "is " + std::to_string(cuda_device) + " but the running Kokkos uses CUDA device " +
                                      std::to_string(kokkos_cuda_device()));
@@ -686,7 +710,7 @@ tlse_status tlse_context_destroy(tlse_context* context) {
     if (!live_contexts.erase(context))
       invalid(fn, "context", "is not a live context: it was destroyed already, or never made by tlse_context_create");
     delete context;  // its Kokkos::Cuda instances go before Kokkos itself
-    if (live_contexts.empty() && initialized_here) {
+    if (live_contexts.empty() && initialized_here && !finalized_here) {
       Kokkos::finalize();
       finalized_here = true;
     }
