@@ -63,6 +63,13 @@ def _present(e, grads):
     return tuple(g if g is not None else e.new_empty((0,)) for g in grads)
 
 
+def _input_gradients(ctx, *grads):
+    """One entry per input of the op, as autograd takes them: the given gradients of the leading
+    inputs where autograd asked for them, None for every other input."""
+    need = ctx.needs_input_grad
+    return tuple(g if wanted else None for g, wanted in zip(grads, need)) + (None,) * (len(need) - len(grads))
+
+
 def _fake_gradients(e, c, bias, need_e, need_c, need_bias):
     return (torch.empty_like(e) if need_e else e.new_empty((0,)),
             torch.empty_like(c) if need_c else e.new_empty((0,)),
@@ -87,8 +94,7 @@ def _cross_entropy_gradient(ctx, grad_loss, _grad_lse, _grad_order):
     need = ctx.needs_input_grad
     de, dc, dbias = torch.ops.tiledlse.cross_entropy_backward(
         e, c, bias, targets, lse, order, grad_loss, *ctx.options, need[0], need[1], bias is not None and need[2])
-    return ((de if need[0] else None), (dc if need[1] else None), (dbias if bias is not None and need[2] else None),
-            *(None,) * 10)
+    return _input_gradients(ctx, de, dc, dbias)
 
 
 cross_entropy_forward.register_autograd(_cross_entropy_gradient, setup_context=_cross_entropy_setup)
@@ -127,11 +133,11 @@ def _step_setup(ctx, inputs, output):
 @once_differentiable  # the gradients were computed in the forward: nothing to differentiate them with
 def _step_gradient(ctx, grad_loss, _grad_de, _grad_dc, _grad_dbias):
     if grad_loss is None:  # not materialized: no gradient reached the loss
-        return (None,) * 15
+        return _input_gradients(ctx)
     # Outputs of the op, they would lead a double backward back into it (to a silent 0): detached,
     # it fails instead, as the forward and backward pair does.
     kept = [g.detach() if computed else None for g, computed in zip(ctx.saved_tensors, ctx.computed)]
-    return (*_calls.times_upstream(grad_loss, kept), *(None,) * 12)
+    return _input_gradients(ctx, *_calls.times_upstream(grad_loss, kept))
 
 
 cross_entropy_with_gradients.register_autograd(_step_gradient, setup_context=_step_setup)
@@ -162,7 +168,7 @@ def contrastive_backward(image: Tensor, text: Tensor, scale: Tensor, labels: Opt
     grads = _calls.contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, symmetric,
                                         (need_image, need_text, need_scale), memory_budget=memory_budget,
                                         precision=precision)
-    return tuple(g if g is not None else image.new_empty((0,)) for g in grads)
+    return _present(image, grads)
 
 
 @contrastive_backward.register_fake
@@ -188,7 +194,7 @@ def _contrastive_gradient(ctx, grad_loss, _grad_row_lse, _grad_col_lse):
                                                              need[0], need[1], need[2])
     # dscale comes back in the accumulator type on image's device: give it the scale's own.
     dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape) if need[2] else None
-    return (di if need[0] else None), (dt if need[1] else None), dscale, None, None, None, None
+    return _input_gradients(ctx, di, dt, dscale)
 
 
 contrastive_forward.register_autograd(_contrastive_gradient, setup_context=_contrastive_setup)
@@ -211,7 +217,7 @@ def self_contrastive_backward(z: Tensor, scale: Tensor, lse: Tensor, dloss: Tens
                               precision: int, need_z: bool, need_scale: bool) -> Tuple[Tensor, Tensor]:
     """(dZ, dscale as a 0-d tensor of the accumulator type); one not asked for is empty."""
     grads = _calls.self_contrastive_backward(z, scale, lse, dloss, (need_z, need_scale), memory_budget, precision)
-    return tuple(g if g is not None else z.new_empty((0,)) for g in grads)
+    return _present(z, grads)
 
 
 @self_contrastive_backward.register_fake
@@ -232,7 +238,7 @@ def _self_contrastive_gradient(ctx, grad_loss, _grad_lse):
     dz, dscale = torch.ops.tiledlse.self_contrastive_backward(z, scale, lse, grad_loss, ctx.memory_budget,
                                                               ctx.precision, need[0], need[1])
     dscale = dscale.to(device=scale.device, dtype=scale.dtype).reshape(scale.shape) if need[1] else None
-    return (dz if need[0] else None), dscale, None, None
+    return _input_gradients(ctx, dz, dscale)
 
 
 self_contrastive_forward.register_autograd(_self_contrastive_gradient, setup_context=_self_contrastive_setup)
