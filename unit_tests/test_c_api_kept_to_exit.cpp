@@ -3,8 +3,9 @@
 // Before, a CUDA build ended such a program with "Kokkos::Cuda ERROR: Failed to call
 // Kokkos::Cuda::finalize()" from Kokkos' own static destructor. A static object constructed
 // before the context is destroyed after that: a call on the context then fails with a message,
-// and destroying it still succeeds. Kokkos' message comes from a destructor after the program's
-// last word, so the test runs itself as a child process (`--child`) and reads what it printed.
+// destroying it still succeeds, and a new context cannot be made. Kokkos' message comes from a
+// destructor after the program's last word, so the test runs itself as a child process
+// (`--child`) and reads what it printed.
 #include <tlse.h>
 
 #include <cstdint>
@@ -28,7 +29,11 @@ struct AfterExitHandlers {
     std::printf("call after exit: status %d, \"%s\"\n", int(call), tlse_last_error());
     const tlse_status destroyed = tlse_context_destroy(context);
     std::printf("destroy after exit: status %d\n", int(destroyed));
-    if (call == TLSE_ERROR_RUNTIME && destroyed == TLSE_SUCCESS) std::printf("kept to exit: ok\n");
+    tlse_context* another = nullptr;
+    const tlse_status created = tlse_context_create(&another, -1);
+    std::printf("create after exit: status %d, \"%s\"\n", int(created), tlse_last_error());
+    if (call == TLSE_ERROR_RUNTIME && destroyed == TLSE_SUCCESS && created == TLSE_ERROR_RUNTIME && !another)
+      std::printf("kept to exit: ok\n");
   }
 } after_exit_handlers;  // constructed before main, so destroyed after the library's exit handler
 

@@ -683,9 +683,10 @@ tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
     *context = nullptr;
     std::lock_guard<std::mutex> guard(kokkos_lock);
     if (finalized_here)
-      throw Error(TLSE_ERROR_RUNTIME, std::string(fn) +
-                                          ": Kokkos was finalized when the last context was destroyed and cannot be "
-                                          "initialized again in this process; keep one context alive instead");
+      throw Error(TLSE_ERROR_RUNTIME,
+                  std::string(fn) +
+                      ": Kokkos was finalized (when the last context was destroyed, or at exit) and "
+                      "cannot be initialized again in this process; keep one context alive instead");
     if (!Kokkos::is_initialized()) {
       require_cuda_device(fn, cuda_device);
       initialize_kokkos(cuda_device);
