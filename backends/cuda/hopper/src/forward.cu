@@ -37,13 +37,14 @@ ForwardKind forward_kind(const tlse_hop_forward_args& a) {
   return k;
 }
 
-/// CTAs per cluster of the kernel a forward takes.
-int forward_cluster(const ForwardKind& k) { return k.paired ? FORWARD_CLUSTER_M : 1; }
+/// CTAs per cluster of the forward kernel, paired or not.
+constexpr int forward_cluster(bool paired) { return paired ? FORWARD_CLUSTER_M : 1; }
 
-ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes, int cluster) {
+/// The shape of a forward whose kernel keeps column states (columns) or not, in clusters of
+/// `cluster` CTAs; sets a.col_splits and a.row_groups.
+ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes, bool columns, int cluster) {
   ForwardShape s;
   s.row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, s.col_tiles = (a.cols.count + TILE_N - 1) / TILE_N;
-  const bool columns = a.col_max || a.col_logit_sum;
   s.per_group = 1;  // rows alone: a row tile a unit (in a cluster, one each of its CTAs)
   if (columns) {
     const int64_t groups = std::min<int64_t>(s.row_tiles, a.max_row_groups);
@@ -71,10 +72,10 @@ int64_t kept_layers(const tlse_hop_forward_args& a) {
 
 template <class Input, bool Columns, bool KeepExponentials = false, bool General = true, bool Paired = false>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
-  constexpr int cluster = Paired ? FORWARD_CLUSTER_M : 1;
+  constexpr int cluster = forward_cluster(Paired);
   using Config = TileConfig<MmaElement<Input>, false, false, cluster>;
   using Epilogue = LseForwardEpilogue<Input, Columns, KeepExponentials, General>;
-  const ForwardShape s = plan_forward(a, sizeof(Input), cluster);
+  const ForwardShape s = plan_forward(a, sizeof(Input), Columns, cluster);
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
 
@@ -199,7 +200,8 @@ extern "C" int tlse_hop_lse_forward_plan(tlse_hop_forward_args* a) {
   return with_input_type(a->dtype, call, [&](auto input) {
     using Input = decltype(input);
     if (int e = check_forward(call, a, sizeof(Input))) return e;
-    plan_forward(*a, sizeof(Input), forward_cluster(forward_kind<Input>(*a)));
+    const ForwardKind kind = forward_kind<Input>(*a);
+    plan_forward(*a, sizeof(Input), kind.columns, forward_cluster(kind.paired));
     return int(TLSE_HOP_OK);
   });
 }
