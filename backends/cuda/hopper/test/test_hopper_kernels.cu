@@ -215,6 +215,12 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
   return f;
 }
 
+/// The rows-only forward's schedule the library takes now (tlse_hopper.h), for a check's name.
+std::string forward_schedule() {
+  const char* forced = std::getenv("TLSE_HOP_FORWARD");
+  return forced && *forced ? std::string(" (TLSE_HOP_FORWARD=") + forced + ")" : std::string();
+}
+
 /// Forward: row LSE, column LSE and column logit sums against the reference. The tolerance is the
 /// logits' float accumulation error (depth * 2^-24 * scale * sum |a||b|, bounded generously) plus
 /// TF32's operand rounding (2^-10 relative per operand) where it applies. valid < C masks the
@@ -223,15 +229,9 @@ Args sweep_args(int dtype, const void* a, const void* b, int64_t R, int64_t C, i
 /// the logit sums (sums false: the contrastive loss's forward) that kernel takes one exponential
 /// per entry for both sides in the tiles whose logits lie within 64 of each other. diagonal:
 /// entry (i, i + diagonal) is masked (the self-similarity form's mask, diagonal 0), the general
-/// model in the tiles it meets and the simple one elsewhere, in the same kernel.
-/// The rows-only forward's schedule the library takes now (tlse_hopper.h), for a check's name.
-std::string forward_schedule() {
-  const char* forced = std::getenv("TLSE_HOP_FORWARD");
-  return forced && *forced ? std::string(" (TLSE_HOP_FORWARD=") + forced + ")" : std::string();
-}
-
-/// columns false: the row LSE alone (the cross-entropy forward), under a softcap when softcap > 0
-/// (x = softcap tanh(scale dot / softcap)).
+/// model in the tiles it meets and the simple one elsewhere, in the same kernel. columns false:
+/// the row LSE alone (the cross-entropy forward), under a softcap when softcap > 0 (x = softcap
+/// tanh(scale dot / softcap)).
 constexpr int64_t NO_DIAGONAL = INT64_MIN;
 void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, double stddev, int64_t valid = INT64_MAX,
                    bool sums = true, int64_t diagonal = NO_DIAGONAL, bool columns = true, double softcap = 0) {
