@@ -108,6 +108,67 @@ TEST_F(CeFixture, BadOptionValues) {
   untouched();
 }
 
+TEST_F(CeFixture, LabelSmoothingOutsideZeroToOne) {
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    tlse::CrossEntropyOptions o;
+    o.label_smoothing = bad;
+    expect_rejected([&] { forward(o); }, {"tlse::cross_entropy", "'label_smoothing'", "must be in [0, 1]"});
+    untouched();
+  }
+}
+
+TEST_F(CeFixture, ClassWeightsOfWrongShapeOrValue) {
+  using Extras = tlse::CrossEntropyExtras<float, C::Mem>;
+  C::AccView short_weight("w", V - 1);
+  Kokkos::deep_copy(short_weight, 1);
+  Extras x;
+  x.class_weight = short_weight;
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, targets, loss, lse, order, x); },
+                  {"'class_weight'", "extent 19", "needs 20"});
+  untouched();
+  for (float bad : {-1.0f, std::nanf(""), INFINITY}) {
+    C::AccView weight("w", V);
+    Kokkos::deep_copy(weight, 1);
+    Kokkos::deep_copy(Kokkos::subview(weight, 4), bad);
+    x.class_weight = weight;
+    expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, targets, loss, lse, order, x); },
+                    {"'class_weight'", "class_weight[4] = ", "finite and >= 0"});
+    untouched();
+    expect_rejected(
+        [&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias, x); },
+        {"tlse::cross_entropy_backward", "class_weight[4]"});
+    expect_untouched(dE, "dE");
+    expect_untouched(dC, "dC");
+  }
+}
+
+TEST_F(CeFixture, ExtrasOfTheWrongShapeOrCall) {
+  using Extras = tlse::CrossEntropyExtras<float, C::Mem>;
+  C::AccView dlse("dlse", N + 1), accuracy("accuracy", 2);
+  Kokkos::View<std::int64_t*, C::Mem> predicted("predicted", N);
+  Extras backward_only;
+  backward_only.dlse = dlse;
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, targets, loss, lse, order, backward_only); },
+                  {"'dlse'", "input of the backward"});
+  untouched();
+  expect_rejected([&] {
+    tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias, backward_only);
+  }, {"'dlse'", "extent 11", "needs 10"});
+  expect_untouched(dE, "dE");
+  Extras forward_only;
+  forward_only.predicted = predicted;
+  expect_rejected([&] {
+    tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias, forward_only);
+  }, {"'predicted'", "output of the forward"});
+  expect_untouched(dE, "dE");
+  expect_untouched(dC, "dC");
+  Extras two_accuracies;
+  two_accuracies.accuracy = accuracy;
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, targets, loss, lse, order, two_accuracies); },
+                  {"'accuracy'", "extent 2"});
+  untouched();
+}
+
 TEST_F(CeFixture, NonFiniteDetectedOnRequestOnly) {
   Kokkos::deep_copy(Kokkos::subview(E, 4, 2), NAN);
   tlse::CrossEntropyOptions o;

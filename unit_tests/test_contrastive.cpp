@@ -225,6 +225,46 @@ TYPED_TEST(Contrastive, BitwiseDeterministic) {
     EXPECT_EQ(0, std::memcmp(first[k].data(), second[k].data(), first[k].size() * sizeof(double))) << k;
 }
 
+TYPED_TEST(Contrastive, GradientsReachingTheReturnedLses) {
+  // A loss built from the returned LSEs, L + sum_i a_i row_lse_i + b_i col_lse_i, trains through
+  // them: the backward with those gradients (ContrastiveExtras) equals the plain backward plus the
+  // LSEs' own gradients, which linear_lse_backward gives (rows: I against T; columns: T against I).
+  using C = TypeParam;
+  using Acc = typename C::Acc;
+  if (!std::is_same<Acc, double>::value) GTEST_SKIP() << "compared in double";
+  TLSE_SEEDED(rng);
+  const std::int64_t b = 37, c = 12;
+  const Matrix I = random_matrix<typename C::Scalar>(rng, b, c, 1.0, true),
+               Tm = random_matrix<typename C::Scalar>(rng, b, c, 1.0, true);
+  std::vector<double> a(b), bb(b);
+  for (auto* v : {&a, &bb})
+    for (double& x : *v) x = double(rng() % 100) / 50 - 1;
+  auto Id = to_device<C>(I, "I"), Td = to_device<C>(Tm, "T");
+  typename C::IntView nolabels;
+  typename C::AccView loss("loss", 1), row_lse("row_lse", b), col_lse("col_lse", b);
+  typename C::Exec exec;
+  tlse::ContrastiveOptions o;
+  o.scale = 5;
+  tlse::contrastive_loss(exec, Id, Td, nolabels, loss, row_lse, col_lse, o);
+  const auto dl = vector_to_device<typename C::AccView>({0.75});
+  typename C::MatrixView dI("dI", b, c), dT("dT", b, c), dI0("dI0", b, c), dT0("dT0", b, c);
+  typename C::AccView dscale("dscale", 1), dscale0("dscale0", 1);
+  tlse::ContrastiveExtras<Acc, typename C::Mem> x;
+  x.d_row_lse = vector_to_device<typename C::AccView>(a, "d_row_lse");
+  x.d_col_lse = vector_to_device<typename C::AccView>(bb, "d_col_lse");
+  tlse::contrastive_loss_backward(exec, Id, Td, nolabels, row_lse, col_lse, dl, dI, dT, dscale, x, o);
+  tlse::contrastive_loss_backward(exec, Id, Td, nolabels, row_lse, col_lse, dl, dI0, dT0, dscale0, o);
+  tlse::LinearLseOptions lo;
+  lo.scale = o.scale;
+  lo.accumulate = true;  // onto the plain backward's gradients
+  typename C::VectorView nobias;
+  tlse::linear_lse_backward(exec, Id, Td, nobias, row_lse, x.d_row_lse, dI0, dT0, lo);
+  tlse::linear_lse_backward(exec, Td, Id, nobias, col_lse, x.d_col_lse, dT0, dI0, lo);
+  const auto got_I = to_host(dI), want_I = to_host(dI0), got_T = to_host(dT), want_T = to_host(dT0);
+  for (std::size_t k = 0; k < got_I.size(); ++k) EXPECT_NEAR(got_I[k], want_I[k], 1e-12) << "dI " << k;
+  for (std::size_t k = 0; k < got_T.size(); ++k) EXPECT_NEAR(got_T[k], want_T[k], 1e-12) << "dT " << k;
+}
+
 TYPED_TEST(Contrastive, FiniteDifferenceOnFeaturesAndScale) {
   using C = TypeParam;
   using T = typename C::Scalar;

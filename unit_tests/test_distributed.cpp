@@ -210,8 +210,10 @@ struct Distributed : ::testing::Test {
   }
 
   /// Vocabulary-parallel cross-entropy forward + backward, C split by `split` rows per rank.
+  /// With `extras`: class weights (shards of one vector), a gradient reaching the LSE, and the
+  /// predicted classes and accuracy.
   void cross_entropy(std::mt19937_64& rng, std::int64_t N, const std::vector<std::int64_t>& split, std::int64_t D,
-                     tlse::CrossEntropyOptions o, bool with_bias) {
+                     tlse::CrossEntropyOptions o, bool with_bias, bool extras = false) {
     const std::int64_t V = std::accumulate(split.begin(), split.end(), std::int64_t(0));
     const std::int64_t vr = split[rank], voff = offset_of(split, rank);
     const Matrix E = random_matrix<T>(rng, N, D), W = random_matrix<T>(rng, V, D, 4.0 / std::sqrt(double(D)));
@@ -223,7 +225,22 @@ struct Distributed : ::testing::Test {
     const bool none = o.reduction == tlse::Reduction::none;
     std::vector<double> dloss(none ? N : 1);
     for (auto& d : dloss) d = representable<Acc>(double(rng() % 100) / 50 - 0.9);
-    const auto ref = tlse::testing::cross_entropy_reference(E, W, bias, targets, o, dloss);
+    tlse::testing::CrossEntropyReferenceExtras rx;
+    if (extras) {
+      for (std::int64_t j = 0; j < V; ++j) rx.class_weight.push_back(representable<Acc>(0.5 + double(rng() % 150) / 100));
+      for (std::int64_t i = 0; i < N; ++i) rx.dlse.push_back(representable<Acc>(double(rng() % 200) / 100 - 1));
+    }
+    const auto ref = tlse::testing::cross_entropy_reference(E, W, bias, targets, o, dloss, rx);
+    using Extras = tlse::CrossEntropyExtras<Acc, typename C::Mem>;
+    using Predicted = Kokkos::View<std::int64_t*, typename C::Mem>;
+    const auto weight = vector_to_device<typename C::AccView>(rx.class_weight);
+    const auto dlse = vector_to_device<typename C::AccView>(rx.dlse);
+    Predicted predicted1("predicted", extras ? N : 0);
+    typename C::AccView accuracy1("accuracy", extras ? 1 : 0);
+    Extras fx1, bx1;
+    fx1.class_weight = bx1.class_weight = weight;
+    fx1.predicted = predicted1, fx1.accuracy = accuracy1;
+    bx1.dlse = dlse;
 
     auto Ed = to_device<C>(E);
     auto tg = index_to_device<typename C::IndexView>(targets);
@@ -233,28 +250,45 @@ struct Distributed : ::testing::Test {
     typename C::AccView loss1("loss", none ? N : 1), lse1("lse", N);
     typename C::MatrixView dE1("dE", N, D), dC1("dC", V, D);
     typename C::VectorView db1("db", with_bias ? V : 0);
-    tlse::cross_entropy(exec, Ed, Wg, bg, tg, loss1, lse1, Kokkos::View<int*, typename C::Mem>(), o);
+    tlse::cross_entropy(exec, Ed, Wg, bg, tg, loss1, lse1, Kokkos::View<int*, typename C::Mem>(), fx1, o);
     tlse::cross_entropy_backward(exec, Ed, Wg, bg, tg, lse1, Kokkos::View<int*, typename C::Mem>(), dl, dE1, dC1, db1,
-                                 o);
+                                 bx1, o);
 
     auto Wl = to_device<C>(rows_of(W, voff, vr));
     auto bl = vector_to_device<typename C::VectorView>(with_bias ? slice(bias, voff, vr) : std::vector<double>());
+    const auto weight_shard =
+        vector_to_device<typename C::AccView>(extras ? slice(rx.class_weight, voff, vr) : std::vector<double>());
     for_each_comm(exec, [&](const auto& comm) {
       typename C::AccView loss("loss", none ? N : 1), lse("lse", N);
       typename C::MatrixView dE("dE", N, D), dC("dC", vr, D);
       typename C::VectorView db("db", with_bias ? vr : 0);
-      tlse::distributed::cross_entropy(comm, Ed, Wl, bl, tg, loss, lse, o);
-      tlse::distributed::cross_entropy_backward(comm, Ed, Wl, bl, tg, lse, dl, dE, dC, db, o);
+      Predicted predicted("predicted", extras ? N : 0);
+      typename C::AccView accuracy("accuracy", extras ? 1 : 0);
+      Extras fx, bx;
+      fx.class_weight = bx.class_weight = weight_shard;
+      fx.predicted = predicted, fx.accuracy = accuracy;
+      bx.dlse = dlse;
+      tlse::distributed::cross_entropy(comm, Ed, Wl, bl, tg, loss, lse, fx, o);
+      tlse::distributed::cross_entropy_backward(comm, Ed, Wl, bl, tg, lse, dl, dE, dC, db, bx, o);
+      if (extras) {  // the classes predicted as on one device, but where a row's top two logits nearly tie
+        const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), predicted);
+        for (std::int64_t i = 0; i < N; ++i)
+          if (ref.predicted[i] < 0 || ref.top_gap[i] > 1e-2) {
+            EXPECT_EQ(got(i), ref.predicted[i]) << "row " << i;
+          }
+        EXPECT_NEAR(to_host(accuracy)[0], ref.accuracy, 2.0 / double(std::max<std::int64_t>(ref.active, 1)));
+      }
 
       double bias_max = 0;
       for (double x : bias) bias_max = std::max(bias_max, std::fabs(x));
       Tolerance<T> tol(E, W, 1.0, bias_max + o.softcap);
       double lse_max = 0, g_max = 0;
       for (double x : ref.lse) lse_max = std::max(lse_max, std::fabs(x));
-      for (double x : dloss) g_max = std::max(g_max, std::fabs(x) * (1 + 2 * o.z_loss * lse_max));
+      for (double x : dloss) g_max = std::max(g_max, std::fabs(x) * (1 + 2 * o.z_loss * lse_max) * (extras ? 2 : 1));
+      for (double x : rx.dlse) g_max = std::max(g_max, g_max + std::fabs(x));
       const double lse_tol = 2 * tol.lse(lse_max, V) + 4 * tol.u * size * (lse_max + 1);
       expect_close("lse", to_host(lse), to_host(lse1), [&](std::size_t) { return lse_tol; });
-      const double row_tol = 2 * lse_tol * (1 + 2 * o.z_loss * lse_max);
+      const double row_tol = 2 * lse_tol * (1 + 2 * o.z_loss * lse_max) * (extras ? 4 : 1);
       expect_close("loss", to_host(loss), to_host(loss1), [&](std::size_t) {
         return none ? row_tol
                     : row_tol * (o.reduction == tlse::Reduction::sum ? double(std::max<std::int64_t>(ref.active, 1))
@@ -357,6 +391,20 @@ TYPED_TEST(Distributed, CrossEntropyVocabularyShards) {
   o.softcap = 15;
   o.shift = 1;
   this->cross_entropy(rng, 33, uneven_split(77, this->size, true), 16, o, true);
+}
+
+TYPED_TEST(Distributed, CrossEntropyClassWeightsSmoothingArgmaxAndDlse) {
+  TLSE_SHARED_SEED(rng);
+  tlse::CrossEntropyOptions o;
+  o.filter_eps = 0;
+  o.label_smoothing = 0.1;
+  o.ignore_index = -1;
+  for (auto reduction : {tlse::Reduction::mean, tlse::Reduction::none}) {
+    o.reduction = reduction;
+    this->cross_entropy(rng, 45, uneven_split(101, this->size, false), 24, o, true, true);
+  }
+  o.softcap = 15;  // the smoothing term in the tiles; an empty rank
+  this->cross_entropy(rng, 33, uneven_split(77, this->size, true), 16, o, false, true);
 }
 
 TYPED_TEST(Distributed, CrossEntropySumFilteredZLoss) {

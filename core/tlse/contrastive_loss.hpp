@@ -25,6 +25,15 @@ struct ContrastiveOptions {
   Workspace workspace{};
 };
 
+/// The gradients reaching the LSEs the contrastive forward returned (a loss built from them),
+/// for the backward; each an empty view (the default) when none reaches it. Acc is
+/// accumulator_t of the inputs, Mem the memory space of the call's execution space.
+template <class Acc, class Mem>
+struct ContrastiveExtras {
+  Kokkos::View<const Acc*, Mem> d_row_lse;  ///< (b): dL/d row_lse
+  Kokkos::View<const Acc*, Mem> d_col_lse;  ///< (b): dL/d col_lse (the text-to-image direction's LSEs)
+};
+
 namespace impl {
 
 /// Weights of the row (image-to-text) and column (text-to-image) terms in the loss.
@@ -107,21 +116,28 @@ struct ContrastiveCore {
   }
 
   /// Runs the backward step. `grad_row`/`grad_col` may be null; `self` adds the columns'
-  /// gradient into grad_row (Z receives both G Z and G^T Z).
+  /// gradient into grad_row (Z receives both G Z and G^T Z). d_row_lse/d_col_lse (nullptr:
+  /// none) add the gradients reaching the LSEs to the softmax terms (their positives' terms stay
+  /// the loss's, in the arrays of the forward's positive logits, unused by the backward).
   void backward(const Arrays& a, DirectionWeights w, const Acc* row_lse, const Acc* col_lse, const Acc* dloss,
-                T* grad_row, T* grad_col, Acc* dscale, bool accumulate, bool self) const {
+                T* grad_row, T* grad_col, Acc* dscale, bool accumulate, bool self, const Acc* d_row_lse = nullptr,
+                const Acc* d_col_lse = nullptr) const {
     const Acc wr = Acc(w.row) / Acc(b > 0 ? b : 1), wc = Acc(w.col) / Acc(b > 0 ? b : 1);
-    Acc *g_row = a.g_row, *g_col = a.g_col;
+    Acc *g_row = a.g_row, *g_col = a.g_col, *w_row = a.row_pos, *w_col = a.col_pos;
     const bool col = want_col;
     Kokkos::parallel_for("tlse::contrastive_coefficients", Kokkos::RangePolicy<Exec>(exec, 0, b),
                          KOKKOS_LAMBDA(index_t i) {
-                           g_row[i] = wr * dloss[0];
-                           if (col) g_col[i] = wc * dloss[0];
+                           w_row[i] = wr * dloss[0];
+                           g_row[i] = w_row[i] + (d_row_lse ? d_row_lse[i] : Acc(0));
+                           if (col) {
+                             w_col[i] = wc * dloss[0];
+                             g_col[i] = w_col[i] + (d_col_lse ? d_col_lse[i] : Acc(0));
+                           }
                          });
     BackwardRequest<T, Acc> r;
     r.prob = prob;
-    if (w.row != 0) r.row_terms = {row_lse, a.g_row, a.positive, a.g_row};
-    if (want_col && w.col != 0) r.col_terms = {col_lse, a.g_col, a.positive, a.g_col};
+    if (w.row != 0 || d_row_lse) r.row_terms = {row_lse, a.g_row, a.positive, w_row};
+    if (want_col && (w.col != 0 || d_col_lse)) r.col_terms = {col_lse, a.g_col, a.positive, w_col};
     r.grad_rows = grad_row;
     r.grad_cols = self ? nullptr : grad_col;
     r.cols_into_rows = self;
@@ -271,6 +287,27 @@ template <class Exec, class IV, class TV, class LabelV, class RowLseV, class Col
 void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, const LabelV& labels,
                                const RowLseV& row_lse, const ColLseV& col_lse, const DLossV& dloss, const DIV& dI,
                                const DTV& dT, const DScaleV& dscale, const ContrastiveOptions& opts = {}) {
+  contrastive_loss_backward(exec, I, Tx, labels, row_lse, col_lse, dloss, dI, dT, dscale,
+                            ContrastiveExtras<accumulator_t<impl::scalar_of<IV>>, typename Exec::memory_space>{},
+                            opts);
+}
+
+/// Backward with the gradients reaching the returned LSEs (`extras`, ContrastiveExtras): a loss
+/// built from row_lse or col_lse trains through them (d lse_i / d x_ij = softmax_ij). Otherwise
+/// as the overload without extras.
+/// \param exec execution space instance
+/// \param I, Tx, labels, row_lse, col_lse, dloss, dI, dT, dscale as for the overload without extras
+/// \param extras d_row_lse and d_col_lse (b), each optional
+/// \param opts the forward's options
+/// \throws std::invalid_argument as the overload without extras, and on extras of the wrong
+///         extent (or d_col_lse without the text-to-image direction's col_lse).
+template <class Exec, class IV, class TV, class LabelV, class RowLseV, class ColLseV, class DLossV, class DIV,
+          class DTV, class DScaleV>
+void contrastive_loss_backward(
+    const Exec& exec, const IV& I, const TV& Tx, const LabelV& labels, const RowLseV& row_lse, const ColLseV& col_lse,
+    const DLossV& dloss, const DIV& dI, const DTV& dT, const DScaleV& dscale,
+    const ContrastiveExtras<accumulator_t<impl::scalar_of<IV>>, typename Exec::memory_space>& extras,
+    const ContrastiveOptions& opts = {}) {
   using T = impl::scalar_of<IV>;
   using Acc = accumulator_t<T>;
   impl::static_check_operands<Exec, IV, TV>();
@@ -300,6 +337,16 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
   const bool want_dI = check.optional_matrix("dI", dI, b, I.extent(1), "I");
   const bool want_dT = check.optional_matrix("dT", dT, b, I.extent(1), "T");
   impl::check_finite(exec, check, "dloss", dloss, opts.non_finite);
+  const bool d_row = check.optional("d_row_lse", extras.d_row_lse, b, "the batch size");
+  const bool d_col = check.optional("d_col_lse", extras.d_col_lse, b, "the batch size");
+  if (d_col && w.col == 0)
+    check.fail("d_col_lse", "is given but the direction has no text-to-image term (no col_lse to differentiate)");
+  if (d_row && w.row == 0) {  // the rows' LSE is then an input of the backward too
+    check.vector("row_lse", row_lse);
+    check.extent("row_lse", row_lse.extent(0), b, "the batch size (d_row_lse is given)");
+  }
+  impl::check_finite(exec, check, "d_row_lse", extras.d_row_lse, opts.non_finite);
+  impl::check_finite(exec, check, "d_col_lse", extras.d_col_lse, opts.non_finite);
   Kokkos::Profiling::pushRegion("tlse::contrastive_loss_backward");
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::make_problem<T, Acc>(I, Tx, opts.scale, opts.precision), b, w.col != 0};
@@ -310,7 +357,7 @@ void contrastive_loss_backward(const Exec& exec, const IV& I, const TV& Tx, cons
         impl::fill_positives(exec, labels, b, a.positive);
         core.backward(a, w, row_lse.data(), col_lse.data(), dloss.data(), want_dI ? dI.data() : nullptr,
                       want_dT ? dT.data() : nullptr, dscale.extent(0) ? dscale.data() : nullptr, opts.accumulate,
-                      false);
+                      false, d_row ? extras.d_row_lse.data() : nullptr, d_col ? extras.d_col_lse.data() : nullptr);
       });
   Kokkos::Profiling::popRegion();
 }

@@ -127,6 +127,11 @@ typedef struct {
   int64_t max_row_groups;              /**< at most this many row groups */
   int64_t col_splits;                  /**< out: the column splits the call used */
   int64_t row_groups;                  /**< out: the row groups the call used */
+  float* row_best;                     /**< [column split][rows positions]: the split's largest logit of each
+                                            row, with row_best_col; NULL: no argmax (rows alone, no
+                                            exponentials kept) */
+  int32_t* row_best_col;               /**< [column split][rows positions]: its column (the lowest of equal
+                                            ones), INT32_MAX where every logit of the split is -inf */
 } tlse_hop_forward_args;
 
 /** One position's share of dL/dx (by id): g * exp(x - lse) - (other id == target ? w : 0).

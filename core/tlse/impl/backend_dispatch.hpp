@@ -35,6 +35,13 @@ struct ForwardPartials {
   index_t max_col_splits;  // column blocks, each giving every row one partial state
   index_t max_row_splits;  // row blocks, each giving every column one partial state
   index_t col_splits = 0, row_splits = 0;  // what `run` used
+  // On request (non-null), per column split and row as the generic kernel gives them
+  // (RowStatistics): the largest logit and its column id, and sum_j u_j x_ij. A specialization
+  // that does not give them declines the call.
+  Acc* row_best = nullptr;          // col_splits x rows.count
+  int* row_best_id = nullptr;       // col_splits x rows.count
+  Acc* row_weighted_sums = nullptr;  // col_splits x rows.count
+  const Acc* col_weight = nullptr;   // u by column id, nullptr: 1
 };
 
 /// Forward LSE partials of the rows and, on request, of the columns from the same pass over the

@@ -48,6 +48,10 @@ struct BackwardTiles {
         g -= row_terms.w[r];
         significant = true;
       }
+      if (row_terms.spread) {
+        g -= row_terms.spread[r] * (row_terms.spread_weight ? row_terms.spread_weight[c] : Acc(1));
+        significant = true;
+      }
     }
     if (col_terms.active()) {
       const Acc q = impl::exp(x - col_terms.lse[c]);

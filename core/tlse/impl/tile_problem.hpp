@@ -62,14 +62,18 @@ struct LogitModel {
   }
 };
 
-/// One side's share of dL/dx_rc: g[i] * exp(x - lse[i]) - (other == target[i] ? w[i] : 0),
-/// indexed by that side's id. All pointers null: the side contributes nothing.
+/// One side's share of dL/dx_rc: g[i] * exp(x - lse[i]) - (other == target[i] ? w[i] : 0)
+/// - spread[i] * u[other], indexed by that side's id (u = spread_weight by the other side's id,
+/// nullptr: 1; the last term is label smoothing's, on every unmasked entry). All pointers null:
+/// the side contributes nothing.
 template <class Acc>
 struct SoftmaxTerms {
   const Acc* lse = nullptr;
   const Acc* g = nullptr;
   const int* target = nullptr;  // id on the other side, or anything out of range for none
   const Acc* w = nullptr;
+  const Acc* spread = nullptr;         // nullptr: no spread term
+  const Acc* spread_weight = nullptr;  // by the other side's id; nullptr: 1
   KOKKOS_INLINE_FUNCTION bool active() const { return g != nullptr; }
 };
 

@@ -123,45 +123,96 @@ struct CrossEntropyReference {
   double G_abs_sum = 0;
   /// Magnitudes of dbias.
   std::vector<double> dbias_mag;
+  /// Per row: the argmax class (ties: the lowest id), -1 for ignored rows.
+  std::vector<std::int64_t> predicted;
+  /// Per row: the class it is scored against, -1 for ignored rows.
+  std::vector<std::int64_t> row_target;
+  /// The fraction of scored rows whose argmax is the target (0 with none).
+  double accuracy = 0;
+  /// Per row: the gap between its largest and second largest logit (infinite with one class);
+  /// an argmax computed in lower precision may differ where this is below its error.
+  std::vector<double> top_gap;
 };
 
-/// Cross-entropy with every CrossEntropyOptions feature but filtering (the reference is exact).
-/// dloss has N entries for Reduction::none, one otherwise.
+/// Optional inputs of cross_entropy_reference, as CrossEntropyExtras: class weights (V) and the
+/// gradient reaching the returned LSE (N); empty when not used.
+struct CrossEntropyReferenceExtras {
+  /// Class weights (V), or empty.
+  std::vector<double> class_weight;
+  /// dL/dlse (N), or empty.
+  std::vector<double> dlse;
+};
+
+/// Cross-entropy with every CrossEntropyOptions feature but filtering (the reference is exact),
+/// written as F.cross_entropy defines weight and label_smoothing, from the materialized logits:
+/// loss_i = u_t (1 - e) (lse_i - x_it) + (e / V) sum_j u_j (lse_i - x_ij) + z lse_i^2, mean over
+/// sum_i u_t (the z-loss over the scored rows). dloss has N entries for Reduction::none, one otherwise.
 inline CrossEntropyReference cross_entropy_reference(const Matrix& E, const Matrix& C, const std::vector<double>& bias,
                                                      const std::vector<std::int64_t>& targets,
-                                                     const CrossEntropyOptions& o, const std::vector<double>& dloss) {
+                                                     const CrossEntropyOptions& o, const std::vector<double>& dloss,
+                                                     const CrossEntropyReferenceExtras& extras = {}) {
+  const double inf = std::numeric_limits<double>::infinity();
   const std::int64_t N = E.rows, V = C.rows;
   CrossEntropyReference r{std::vector<double>(N, 0.0), 0.0, std::vector<double>(N, 0.0), Matrix(N, E.cols),
-                          Matrix(V, C.cols), std::vector<double>(V, 0.0), 0, {}, {}, 0, std::vector<double>(V, 0.0)};
+                          Matrix(V, C.cols), std::vector<double>(V, 0.0), 0, {}, {}, 0, std::vector<double>(V, 0.0),
+                          std::vector<std::int64_t>(N, -1), {}, 0.0, std::vector<double>(N, inf)};
+  const auto u = [&](std::int64_t j) { return extras.class_weight.empty() ? 1.0 : extras.class_weight[j]; };
   std::vector<std::int64_t> target(N, -1);
+  double weight_total = 0, class_total = 0;
+  for (std::int64_t j = 0; j < V; ++j) class_total += u(j);
   for (std::int64_t i = 0; i + o.shift < N; ++i)
-    if (targets[i + o.shift] != o.ignore_index) target[i] = targets[i + o.shift], ++r.active;
+    if (targets[i + o.shift] != o.ignore_index) target[i] = targets[i + o.shift], ++r.active, weight_total += u(target[i]);
+  const bool mean = o.reduction == Reduction::mean;
+  const double ce_scale = mean ? (weight_total > 0 ? 1 / weight_total : 0.0) : 1.0;
+  const double z_scale = mean ? (r.active ? 1.0 / double(r.active) : 0.0) : 1.0;
+  const double e = o.label_smoothing;
   Matrix G(N, V), Gabs(N, V);  // dL/dz (z: logit before the softcap)
   std::vector<double> x(V), z(V);
+  std::int64_t hits = 0;
   for (std::int64_t i = 0; i < N; ++i) {
     if (target[i] < 0) continue;
     for (std::int64_t j = 0; j < V; ++j) {
       z[j] = detail::dot(E, i, C, j) + (bias.empty() ? 0.0 : bias[j]);
-      x[j] = o.softcap > 0 && z[j] != -std::numeric_limits<double>::infinity() ? o.softcap * std::tanh(z[j] / o.softcap)
-                                                                                : z[j];  // -inf stays masked
+      x[j] = o.softcap > 0 && z[j] != -inf ? o.softcap * std::tanh(z[j] / o.softcap) : z[j];  // -inf stays masked
     }
     const double l = detail::lse(x.data(), V);
-    r.lse[i] = l;
-    r.row_loss[i] = l - x[target[i]] + o.z_loss * l * l;
-    const double coef = (o.reduction == Reduction::none ? dloss[i] : dloss[0]) *
-                        (o.reduction == Reduction::mean ? 1.0 / double(r.active) : 1.0);
+    const double ut = u(target[i]);
+    double smooth = 0;
+    std::int64_t best = 0;
+    double second = -inf;
     for (std::int64_t j = 0; j < V; ++j) {
-      if (x[j] == -std::numeric_limits<double>::infinity()) continue;  // a masked logit passes no gradient
-      const double p = coef * (1 + 2 * o.z_loss * l) * std::exp(x[j] - l), t = j == target[i] ? coef : 0.0;
+      smooth += u(j) * (l - x[j]);
+      if (x[j] > x[best]) second = x[best], best = j;
+      else if (j != best) second = std::max(second, x[j]);
+    }
+    r.predicted[i] = best;
+    r.top_gap[i] = x[best] - second;
+    hits += best == target[i];
+    r.lse[i] = l;
+    const double ce_part = (1 - e) * ut * (l - x[target[i]]) + (e > 0 ? e / double(V) * smooth : 0.0);
+    r.row_loss[i] = ce_part + o.z_loss * l * l;
+    r.loss += ce_scale * ce_part + z_scale * o.z_loss * l * l;
+    const double up = o.reduction == Reduction::none ? dloss[i] : dloss[0];
+    const double c = up * ce_scale, cz = up * z_scale;
+    const double dl = extras.dlse.empty() ? 0.0 : extras.dlse[i];
+    const double g = c * ((1 - e) * ut + e * class_total / double(V)) + 2 * o.z_loss * cz * l + dl;
+    for (std::int64_t j = 0; j < V; ++j) {
+      if (x[j] == -inf) continue;  // a masked logit passes no gradient
+      const double p = g * std::exp(x[j] - l), t = j == target[i] ? c * (1 - e) * ut : 0.0;
+      const double spread = c * e / double(V) * u(j);
       const double cap = o.softcap > 0 ? 1 - (x[j] / o.softcap) * (x[j] / o.softcap) : 1.0;
-      G(i, j) = (p - t) * cap;
-      Gabs(i, j) = (std::fabs(p) + std::fabs(t)) * cap;
+      G(i, j) = (p - t - spread) * cap;
+      Gabs(i, j) = (std::fabs(p) + std::fabs(t) + std::fabs(spread)) * cap;
       r.dbias[j] += G(i, j);
       r.dbias_mag[j] += Gabs(i, j);
     }
   }
-  for (double v : r.row_loss) r.loss += v;
-  if (o.reduction == Reduction::mean) r.loss = r.active ? r.loss / double(r.active) : 0.0;
+  if (o.reduction == Reduction::sum) {
+    r.loss = 0;
+    for (double v : r.row_loss) r.loss += v;
+  }
+  r.accuracy = r.active ? double(hits) / double(r.active) : 0.0;
+  r.row_target = target;
   detail::backprop(G, E, C, 1.0, r.dE, r.dC);
   detail::magnitudes(r, Gabs, E, C, 1.0);
   return r;

@@ -70,11 +70,12 @@ int64_t kept_layers(const tlse_hop_forward_args& a) {
   return a.exponentials_panel > 0 ? (kept_columns(a) + a.exponentials_panel - 1) / a.exponentials_panel : 1;
 }
 
-template <class Input, bool Columns, bool KeepExponentials = false, bool General = true, bool Paired = false>
+template <class Input, bool Columns, bool KeepExponentials = false, bool General = true, bool Paired = false,
+          bool ArgMax = false>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   constexpr int cluster = forward_cluster(Paired);
   using Config = TileConfig<MmaElement<Input>, false, false, cluster>;
-  using Epilogue = LseForwardEpilogue<Input, Columns, KeepExponentials, General>;
+  using Epilogue = LseForwardEpilogue<Input, Columns, KeepExponentials, General, ArgMax>;
   const ForwardShape s = plan_forward(a, sizeof(Input), Columns, cluster);
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -104,7 +105,9 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
                  kept,
                  int32_t(a.exponentials_panel > 0 ? a.exponentials_panel / TILE_N : col_tiles),
                  CUtensorMap{},
-                 INT32_MAX};
+                 INT32_MAX,
+                 a.row_best,
+                 a.row_best_col};
   if constexpr (KeepExponentials) {
     // A three-dimensional map in every case: the panels are its layers (one without panels), and
     // the tail's panels those of a second map.
@@ -185,6 +188,12 @@ int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
                                            std::to_string(panels) + "), got " +
                                            std::to_string(a->exponentials_tail_panel));
   }
+  if ((a->row_best == nullptr) != (a->row_best_col == nullptr))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_best and row_best_col go together");
+  if (a->row_best && (a->exponentials || a->col_max || a->col_logit_sum))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                         ": the argmax (row_best) comes with the rows alone: no column outputs, no "
+                                         "exponentials kept");
   if (a->exponentials && !a->exponentials_shift)
     return fail(TLSE_HOP_E_ARGUMENT,
                 std::string(call) + ": exponentials are kept with their exponentials_shift, which is NULL");
@@ -215,6 +224,12 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     const ForwardKind kind = forward_kind<Input>(*a);
     const bool columns = kind.columns, simple = kind.simple;
     const auto s = static_cast<cudaStream_t>(stream);
+    if (a->row_best) {  // rows alone (check_forward)
+      if constexpr (sizeof(Input) == 2)
+        if (kind.paired) return run_forward<Input, false, false, false, true, true>(*a, s);
+      return simple ? run_forward<Input, false, false, false, false, true>(*a, s)
+                    : run_forward<Input, false, false, true, false, true>(*a, s);
+    }
     if constexpr (sizeof(Input) == 2) {
       if (kind.paired)
         return a->exponentials ? run_forward<Input, false, true, false, true>(*a, s)

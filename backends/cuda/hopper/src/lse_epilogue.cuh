@@ -32,14 +32,20 @@ struct LseForwardParams {
   int32_t exponentials_panel_tiles;     // column tiles per layer of exponentials_map (a panel)
   CUtensorMap exponentials_tail_map;    // the panels from exponentials_tail_panel on, where they lie apart
   int32_t exponentials_tail_panel;      // INT32_MAX: none
+  float* row_best;                      // ArgMax only: [column split][rows positions], the largest logit
+  int32_t* row_best_col;                // and its column
 };
 
 /// General: some tile may need the general logit model (bias, softcap, masks, column ids; the
 /// tile's ModelColumns in shared memory). Without it every column takes x = scale * dot
 /// (the host checked that the model is that simple for all of them), or for the row LSE alone
-/// x = capped(scale * dot), and the kernel has no general path.
-template <class T, bool Columns, bool KeepExponentials = false, bool General = true>
+/// x = capped(scale * dot), and the kernel has no general path. ArgMax (rows alone): each row's
+/// largest logit and its column per split too. A thread searches its part of a row for the column
+/// only when the part's max reaches the row's best so far, which after the first tiles is rare:
+/// the search costs little against the exponentials every entry takes.
+template <class T, bool Columns, bool KeepExponentials = false, bool General = true, bool ArgMax = false>
 struct LseForwardEpilogue {
+  static_assert(!ArgMax || (!Columns && !KeepExponentials), "the argmax comes with the rows alone");
   using Params = LseForwardParams<T>;
   struct NoStaging {};
   struct SharedStorage {
@@ -58,6 +64,8 @@ struct LseForwardEpilogue {
   int ct;
   float run_max[ROWS], run_sum[ROWS];
   float kept_shift[ROWS];  // with KeepExponentials: the shifts the tile's kept exponentials are under
+  float best[ArgMax ? ROWS : 1];        // with ArgMax: the largest logit of the thread's part of each row
+  int32_t best_col[ArgMax ? ROWS : 1];  // and its column (INT32_MAX: none yet)
   bool keeping = KeepExponentials;  // the tile's exponentials are kept (it lies below exponentials_cols)
   float slot_max = NEG_INF, slot_sum = 0.f, slot_total = 0.f;  // column ct's slot before this tile
   ModelColumn next_column;                                     // column ct's, General only
@@ -93,6 +101,7 @@ struct LseForwardEpilogue {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       run_max[r] = NEG_INF, run_sum[r] = 0.f;
+      if constexpr (ArgMax) best[r] = NEG_INF, best_col[r] = INT32_MAX;
       if constexpr (KeepExponentials) {
         const int64_t row = int64_t(m) * TILE_M + c.row(r);
         const float shift = p.exponentials_row_shift && row < p.rows.count ? p.exponentials_row_shift[row] : NEG_INF;
@@ -117,7 +126,7 @@ struct LseForwardEpilogue {
         consumer_sync();  // every thread is done with the previous general tile's columns
         s.model_columns[ct] = next_column;
         consumer_sync();
-        general_rows(acc, c, row0, s.model_columns);
+        general_rows(acc, c, row0, col0, s.model_columns);
       }
     } else {
       bool capped = false;  // every column takes x = capped(scale * dot): the row LSE alone
@@ -139,13 +148,33 @@ struct LseForwardEpilogue {
   template <bool Edge = false, bool Capped = false, class Acc>
   __device__ __forceinline__ void rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0) {
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) fold(acc, c, r, row_logits<Edge, Capped>(acc, c, r, row0, col0));
+    for (int r = 0; r < ROWS; ++r) {
+      const float mx = row_logits<Edge, Capped>(acc, c, r, row0, col0);
+      track(acc, c, r, mx, col0);
+      fold(acc, c, r, mx);
+    }
+  }
+
+  /// With ArgMax: where the thread's part of row r (logits, their max mx) reaches the row's best,
+  /// its lowest column holding mx becomes the best (a part all -inf never does).
+  template <class Acc>
+  __device__ __forceinline__ void track(const Acc& acc, const Fragment& c, int r, float mx, int64_t col0) {
+    if constexpr (ArgMax) {
+      if (!(mx >= best[r]) || mx == NEG_INF) return;
+      int first = Fragment::COLS;
+#pragma unroll
+      for (int j = Fragment::COLS - 1; j >= 0; --j)
+        if (Fragment::at(acc, r, j) == mx) first = j;
+      const int32_t col = int32_t(col0) + c.col(first);
+      if (mx > best[r] || col < best_col[r]) best[r] = mx, best_col[r] = col;
+    }
   }
 
   /// rows() under the general model, the tile's columns in cols: column by column, both
   /// rows of the thread from one shared load; a row that takes no part becomes -inf.
   template <class Acc>
-  __device__ __forceinline__ void general_rows(Acc& acc, const Fragment& c, int64_t row0, const ModelColumn* cols) {
+  __device__ __forceinline__ void general_rows(Acc& acc, const Fragment& c, int64_t row0, int64_t col0,
+                                               const ModelColumn* cols) {
     bool row_ok[ROWS];
     int32_t excluded[ROWS];
     float mx[ROWS];
@@ -167,7 +196,10 @@ struct LseForwardEpilogue {
       }
     }
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) fold(acc, c, r, mx[r]);
+    for (int r = 0; r < ROWS; ++r) {
+      track(acc, c, r, mx[r], col0);
+      fold(acc, c, r, mx[r]);
+    }
   }
 
   /// Folds the thread's part of row r (logits, their max mx) into its running state, keeping the
@@ -387,11 +419,24 @@ struct LseForwardEpilogue {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       quad_lse_merge(run_max[r], run_sum[r]);
+      if constexpr (ArgMax) quad_best_merge(best[r], best_col[r]);
       const int64_t pos = p.rows.output(int64_t(m) * TILE_M + c.row(r));
       if ((ct & 3) == 0 && pos >= 0) {
-        p.row_max[int64_t(w.n_unit) * p.rows.positions + pos] = run_max[r];
-        p.row_sum[int64_t(w.n_unit) * p.rows.positions + pos] = run_sum[r];
+        const int64_t slot = int64_t(w.n_unit) * p.rows.positions + pos;
+        p.row_max[slot] = run_max[r];
+        p.row_sum[slot] = run_sum[r];
+        if constexpr (ArgMax) p.row_best[slot] = best[r], p.row_best_col[slot] = best_col[r];
       }
+    }
+  }
+
+  /// The best (value, column) of a quad: the larger value, equal ones by the lower column.
+  __device__ __forceinline__ static void quad_best_merge(float& value, int32_t& col) {
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, value, o);
+      const int32_t k = __shfl_xor_sync(0xffffffffu, col, o);
+      if (v > value || (v == value && k < col)) value = v, col = k;
     }
   }
 };

@@ -33,6 +33,9 @@ template <>
 struct LseForwardSpecialization<Kokkos::Cuda> {
   template <class T, class Acc>
   static bool run(const Kokkos::Cuda& exec, const TileProblem<T, Acc>& prob, ForwardPartials<Acc>& parts) {
+    // Weighted row logit sums (label smoothing under a softcap): the generic kernel; the argmax
+    // comes with the rows alone.
+    if (parts.row_weighted_sums || (parts.row_best && (parts.cols || parts.col_sums))) return false;
     if constexpr (on_tile_kernels<T> && std::is_same<Acc, float>::value) {
       const cuda::KernelPath path = cuda::kernel_path(exec.cuda_device());
 #if defined(TLSE_HAVE_HOPPER)
@@ -55,6 +58,13 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
   }
 };
 
+/// Whether a side's softmax terms carry label smoothing's spread (under a softcap): the tile
+/// kernels here know no such term, the generic ones do.
+template <class Acc>
+bool takes_spread(const SoftmaxTerms<Acc>& terms) {
+  return terms.spread != nullptr;
+}
+
 /// The backward stores G = scale * dL/dx in the input type for the tile kernels' product (fp16
 /// scaled by rows, see lse_backward_mma.hpp); float in TF32, or exact with FFMA when enabled.
 template <class T>
@@ -76,6 +86,7 @@ struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
   }
   template <class T, class Acc>
   static bool run(const Kokkos::Cuda& exec, const BackwardRequest<T, Acc>& r) {
+    if (takes_spread(r.row_terms) || takes_spread(r.col_terms)) return false;
 #if defined(TLSE_HAVE_HOPPER)
     if constexpr (std::is_same<Acc, float>::value)
       return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
@@ -127,6 +138,7 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
   }
   template <class F>
   static bool run(const Kokkos::Cuda& exec, const F& f) {
+    if (takes_spread(f.row_terms) || takes_spread(f.col_terms)) return false;
     using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
     if constexpr (backward_on_tile_kernels<T>) {
       if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return false;

@@ -67,6 +67,8 @@ struct LseForwardHopper {
     a.row_max = a.row_sum = parts.rows;
     a.col_max = a.col_sum = parts.cols;
     a.col_logit_sum = parts.col_sums;
+    a.row_best = parts.row_best;
+    a.row_best_col = parts.row_best_id;
     check_hopper(tlse_hop_lse_forward_plan(&a), "tlse_hop_lse_forward_plan");
     const index_t na = prob.rows.count, nb = prob.cols.count;
     a.row_sum = parts.rows + a.col_splits * na;

@@ -52,20 +52,17 @@ __device__ inline LseState<float> merged_row_state(const float* max, const float
   return s;
 }
 
-/// The weight w of row id's target term: its coef, or 0 for a row without a target (the kept
-/// columns' sweep of every stored row: one not scored weighs nothing, and its coef is not set).
-__device__ inline float row_weight(const int* target, const float* coef, index_t id) {
-  return target[id] >= 0 ? coef[id] : 0.f;
-}
-
 /// fp16's step: a warp per row p of the chunk (as exponentials_to_gradient_kernel numbers them),
-/// bound[p] = |g| + |w|, the bound of the row's |dL/dz| (TermsAt::bound), from its LSE.
+/// bound[p] = |g| + |w|, the bound of the row's |dL/dz| (TermsAt::bound), from its LSE. A row
+/// without a target weighs nothing (the kept columns' sweep of every stored row: its
+/// coefficients are not set).
 __global__ void row_bound_kernel(const float* max, const float* sum, int splits, index_t chunk_rows, index_t first,
-                                 const int* id_of, const int* target, const float* coef, float z_loss, float* bound) {
+                                 const int* id_of, const int* target, const StepCoefficients<float> coef,
+                                 float* bound) {
   const index_t p = blockIdx.x;
   const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
   const float l = merged_row_state(max, sum, splits, chunk_rows, p).value();
-  const float w = row_weight(target, coef, id), g = w * (1.f + 2.f * z_loss * l);
+  const float w = coef.w(target, id), g = coef.g(target, id, l);
   if (threadIdx.x == 0) bound[p] = fabsf(g) + fabsf(w);
 }
 
@@ -109,7 +106,7 @@ struct KeptLayout {
 /// shift[p][4 tile + (j mod 8) / 2], tlse_hopper.h), bf16 under the row's shift r =
 /// target_logit[first + p] where it could, fp16 under k ln 2 per part.
 /// Merges the forward's `splits` states (max[k][p], sum[k][p]) into the row's LSE l (lse[id]),
-/// then, with g = coef (1 + 2 z l) (to row_g[id], unless NULL), w = coef, and dL/dz = g exp(x - l)
+/// then, with g and w from `coef` (StepCoefficients; g to row_g[id], unless NULL), and dL/dz = g exp(x - l)
 /// - [j == t] w (the target's term only for a target among the kept columns):
 ///   - Factored (no softcap, dx/dz = 1): G = diag(c) E', so that the products need no pass over
 ///     the exponentials: c = scale g exp(r - l) goes to row_scale[p], the target's entry becomes
@@ -126,7 +123,7 @@ template <class T, bool Factored>
 __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const float* shift, index_t ld_shift,
                                                 const float* max, const float* sum, int splits, index_t chunk_rows,
                                                 index_t first, const int* id_of, index_t cols, const int* target,
-                                                const float* target_logit, const float* coef, float z_loss,
+                                                const float* target_logit, const StepCoefficients<float> coef,
                                                 const LogitModel<T, float> model, const float* factor, float* lse,
                                                 float* row_g, float* row_scale, const T* rows, T* scaled_rows,
                                                 index_t depth) {
@@ -146,7 +143,7 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   }
   __syncthreads();
   const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
-  const float l = row_lse, w = row_weight(target, coef, id), g = w * (1.f + 2.f * z_loss * l);
+  const float l = row_lse, w = coef.w(target, id), g = coef.g(target, id, l);
   if (row_g && threadIdx.x == 0) row_g[id] = g;
   // fp16: what G (or A' = diag(c) A) is stored times, for its range (step_factor_kernel).
   const float stored_times = fp16 ? factor[0] : 1.f;
@@ -390,7 +387,7 @@ struct LseStepHopper {
       T* scaled_rows = factored && r.grad_cols ? reinterpret_cast<T*>(buf.chunk_rows) : nullptr;
       to_gradient<<<unsigned(rows), 256, 0, stream>>>(kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum,
                                                       int(f.col_splits), rows, first, row_index, V, r.target,
-                                                      r.target_logit, r.coef, r.z_loss, prob.logit, buf.factor, r.lse,
+                                                      r.target_logit, r.coef, prob.logit, buf.factor, r.lse,
                                                       nullptr, buf.row_scale, chunk, scaled_rows, D);
       check_launch("exponentials_to_gradient_kernel");
 
@@ -485,7 +482,7 @@ struct LseStepHopper {
     T* scaled_rows = factored ? r.grad_rows : nullptr;
     to_gradient<<<unsigned(R), 256, 0, stream>>>(
         kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), R, 0, nullptr, plan.kept, r.target,
-        target_logit, r.coef, r.z_loss, prob.logit, factor, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
+        target_logit, r.coef, prob.logit, factor, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
     check_launch("exponentials_to_gradient_kernel");
 
     // acc (+)= the sum over the panels of G_k B_k: one product over the panels in dB's storage and
@@ -521,7 +518,7 @@ struct LseStepHopper {
 
     BackwardRequest<T, float> b;
     b.prob = prob;
-    b.row_terms = {r.lse, buf.g, r.target, r.coef};
+    b.row_terms = {r.lse, buf.g, r.target, r.coef.target};
     b.grad_rows = r.grad_rows;
     b.grad_cols = r.grad_cols;
     LseBackwardHopper::column_panels<T>(stream, b, row_side, plan.panels, buf.panels, plan.kept);
@@ -564,7 +561,7 @@ struct LseStepHopper {
   static void step_factor(cudaStream_t stream, const tlse_hop_forward_args& f, index_t rows, index_t first,
                           const int* row_index, const StepRequest<T, float>& r, float* bound, float* factor) {
     row_bound_kernel<<<unsigned(rows), 32, 0, stream>>>(f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index,
-                                                        r.target, r.coef, r.z_loss, bound);
+                                                        r.target, r.coef, bound);
     check_launch("row_bound_kernel");
     step_factor_kernel<<<1, 1024, 0, stream>>>(bound, rows, r.prob.logit.scale, factor);
     check_launch("step_factor_kernel");

@@ -27,20 +27,25 @@ struct ForwardParams {
   float *row_max, *row_sum;  // [gridDim.y][A.count]
   float *col_max, *col_sum;  // [gridDim.x][B.count], or nullptr: no column LSE
   float* col_logit_sum;      // [gridDim.x][B.count], or nullptr
+  float* row_best;           // [gridDim.y][A.count]: the argmax kernel's largest logit of each row
+  int* row_best_col;         // and its column id (the lowest of equal ones; INT32_MAX: none)
 };
 
 /// Online (max, sum) per row over the block's column tiles, merged over the 4 column warps
 /// through shared memory in a fixed order; with Columns, per column over the tile's rows, merged
 /// over the 2 row warps and into the block's column slot in a fixed order. (A template flag, not
 /// a run-time branch: the column code costs registers the row-only kernel should not pay.)
-template <class T, bool Columns>
+template <class T, bool Columns, bool ArgMax = false>
 struct LseEpilogue {
   const ForwardParams<T>& p;
   index_t row0;
   bool first_row_tile;  // the block's first row tile writes its column slots instead of merging
   float (*red_max)[BM];
   float (*red_sum)[BM];
+  int (*red_col)[BM];  // ArgMax: the column of each warp's largest logit of a row
   float run_max = -infinity<float>(), run_sum = 0;
+  float run_best = -infinity<float>();  // ArgMax: the row's largest logit (threads tid < BM)
+  int run_best_col = INT32_MAX;
 
   __device__ __forceinline__ void column_tile(TileAccumulator& acc, int ct) {
     const WarpPosition w;
@@ -63,6 +68,16 @@ struct LseEpilogue {
             m = nan_max(m, x);
           }
         m = quad_max(m);
+        if constexpr (ArgMax) {  // the quad's lowest column holding m
+          int col = INT32_MAX;
+        #pragma unroll
+          for (int nt = 3; nt >= 0; --nt)
+          #pragma unroll
+            for (int j = 1; j >= 0; --j)
+              if (acc[mt][nt][2 * h + j] == m && m != -infinity<float>()) col = int(p.B.id(col_base + w.col(nt, j)));
+          for (int o = 1; o < 4; o <<= 1) col = min(col, __shfl_xor_sync(0xffffffffu, col, o));
+          if ((w.lane & 3) == 0) red_col[w.wn][r_local] = col;
+        }
         float s = 0;
         if (m != -infinity<float>())
         #pragma unroll
@@ -78,6 +93,13 @@ struct LseEpilogue {
     #pragma unroll
       for (int q = 0; q < 4; ++q) st.merge(red_max[q][w.tid], red_sum[q][w.tid]);
       run_max = st.max, run_sum = st.sum;
+      if constexpr (ArgMax)
+      #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float v = red_max[q][w.tid];
+          const int col = red_col[q][w.tid];
+          if (col != INT32_MAX && (v > run_best || (v == run_best && col < run_best_col))) run_best = v, run_best_col = col;
+        }
     }
     if constexpr (Columns) columns(acc, col_base);
   }
@@ -133,10 +155,11 @@ struct LseEpilogue {
 /// Block (x, y): row tiles [x r, x r + r) (r = row_tiles_per_block) against the column tiles of
 /// split y. Writes one partial state per row, row_max/row_sum[y * A.count + row], and merges the
 /// column states into slot x.
-template <class T, bool Columns, class Product>
+template <class T, bool Columns, class Product, bool ArgMax = false>
 __global__ void __launch_bounds__(THREADS, 2) lse_forward_mma_kernel(const __grid_constant__ ForwardParams<T> p) {
   extern __shared__ uint4 smem_raw[];
   __shared__ float red_max[4][BM], red_sum[4][BM];
+  __shared__ int red_col[ArgMax ? 4 : 1][BM];
   const index_t na = p.A.count;
   const int total_ct = int((p.B.count + BN - 1) / BN);
   const int ct_begin = blockIdx.y * p.col_tiles_per_split;
@@ -144,13 +167,15 @@ __global__ void __launch_bounds__(THREADS, 2) lse_forward_mma_kernel(const __gri
   for (int rt = 0; rt < p.row_tiles_per_block; ++rt) {
     const index_t row0 = (index_t(blockIdx.x) * p.row_tiles_per_block + rt) * BM;
     if (row0 >= na) break;
-    LseEpilogue<T, Columns> epi{p, row0, rt == 0, red_max, red_sum};
-    nt_sweep<T, LseEpilogue<T, Columns>, Product>(p.A, p.B, p.depth, row0, na, ct_begin, ct_end,
-                                                  reinterpret_cast<std::uint16_t*>(smem_raw), epi);
+    LseEpilogue<T, Columns, ArgMax> epi{p, row0, rt == 0, red_max, red_sum, red_col};
+    nt_sweep<T, LseEpilogue<T, Columns, ArgMax>, Product>(p.A, p.B, p.depth, row0, na, ct_begin, ct_end,
+                                                          reinterpret_cast<std::uint16_t*>(smem_raw), epi);
     const int tid = threadIdx.x;
     if (tid < BM && row0 + tid < na) {
-      p.row_max[index_t(blockIdx.y) * na + row0 + tid] = epi.run_max;
-      p.row_sum[index_t(blockIdx.y) * na + row0 + tid] = epi.run_sum;
+      const index_t slot = index_t(blockIdx.y) * na + row0 + tid;
+      p.row_max[slot] = epi.run_max;
+      p.row_sum[slot] = epi.run_sum;
+      if constexpr (ArgMax) p.row_best[slot] = epi.run_best, p.row_best_col[slot] = epi.run_best_col;
     }
   }
 }
@@ -162,14 +187,16 @@ struct LseForwardMma {
     return sweep_applies<T, Product>(prob);
   }
 
-  /// Fills `parts` (see ForwardPartials). Without column outputs every block takes one row tile
-  /// and only the column splits are chosen; with them the row tiles are grouped into at most
-  /// max_row_splits blocks, each owning a column slot.
+  /// Fills `parts` (see ForwardPartials; the argmax with the rows alone). Without column outputs
+  /// every block takes one row tile and only the column splits are chosen; with them the row
+  /// tiles are grouped into at most max_row_splits blocks, each owning a column slot.
   template <class T, class Product = TensorCoreProduct<T>>
   static void run(cudaStream_t stream, int device, const TileProblem<T, float>& prob, ForwardPartials<float>& parts) {
     static const bool configured =
         (raise_smem_limit(lse_forward_mma_kernel<T, false, Product>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"),
-         raise_smem_limit(lse_forward_mma_kernel<T, true, Product>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"), true);
+         raise_smem_limit(lse_forward_mma_kernel<T, true, Product>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"),
+         raise_smem_limit(lse_forward_mma_kernel<T, false, Product, true>, SWEEP_SMEM_BYTES, "lse_forward_mma_kernel"),
+         true);
     (void)configured;
     const index_t na = prob.rows.count, nb = prob.cols.count;
     const index_t row_tiles = (na + BM - 1) / BM, col_tiles = (nb + BN - 1) / BN;
@@ -181,12 +208,16 @@ struct LseForwardMma {
     const int per_split = int((col_tiles + splits - 1) / splits);
     parts.col_splits = (col_tiles + per_split - 1) / per_split;  // no empty split
     parts.row_splits = row_blocks;
-    ForwardParams<T> params{prob.rows, prob.cols, prob.depth, prob.logit, int(per_block), per_split,
-                            parts.rows, parts.rows + parts.col_splits * na, parts.cols, nullptr, parts.col_sums};
+    ForwardParams<T> params{prob.rows,  prob.cols,  prob.depth,    prob.logit,
+                            int(per_block), per_split, parts.rows, parts.rows + parts.col_splits * na,
+                            parts.cols, nullptr,    parts.col_sums, parts.row_best,
+                            parts.row_best_id};
     if (parts.cols) params.col_sum = parts.cols + row_blocks * nb;
     const dim3 grid(unsigned(row_blocks), unsigned(parts.col_splits));
     if (columns)
       lse_forward_mma_kernel<T, true, Product><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
+    else if (parts.row_best)
+      lse_forward_mma_kernel<T, false, Product, true><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
     else
       lse_forward_mma_kernel<T, false, Product><<<grid, THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
     check_launch("lse_forward_mma_kernel");
