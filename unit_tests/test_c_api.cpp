@@ -42,12 +42,12 @@ struct CrossEntropy {
   tlse_status forward(std::int64_t n = N, std::int64_t v = V, std::int64_t d = D, tlse_device device = TLSE_DEVICE_HOST,
                       tlse_dtype dtype = TLSE_F64) {
     return tlse_cross_entropy_forward(context(), device, nullptr, dtype, n, v, d, E.data(), C.data(), nullptr,
-                                      targets.data(), loss.data(), lse.data(), nullptr, &options);
+                                      targets.data(), loss.data(), lse.data(), nullptr, nullptr, &options);
   }
   /// The step in one call, with this struct's options, no bias and no dC or dbias.
   tlse_status step(const void* dloss_at, void* loss_at, void* dE_at, tlse_dtype dtype = TLSE_F64) {
     return tlse_cross_entropy_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, dtype, N, V, D, E.data(), C.data(),
-                                             nullptr, targets.data(), dloss_at, loss_at, dE_at, nullptr, nullptr,
+                                             nullptr, targets.data(), dloss_at, loss_at, dE_at, nullptr, nullptr, nullptr,
                                              &options);
   }
   bool untouched() const {
@@ -93,26 +93,26 @@ TEST(CApi, OutputsMustNotShareMemoryWithAnotherArray) {
   CrossEntropy ce;
   EXPECT_EQ(
       tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, ce.E.data(), ce.C.data(),
-                                 nullptr, ce.targets.data(), ce.E.data(), nullptr, nullptr, &ce.options),
+                                 nullptr, ce.targets.data(), ce.E.data(), nullptr, nullptr, nullptr, &ce.options),
       TLSE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tlse_last_error()).find("argument 'loss' overlaps argument 'E'"), std::string::npos);
   // The loss written over the last lse.
   expect_invalid(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, ce.E.data(),
                                             ce.C.data(), nullptr, ce.targets.data(), ce.lse.data() + N - 1,
-                                            ce.lse.data(), nullptr, &ce.options),
+                                            ce.lse.data(), nullptr, nullptr, &ce.options),
                  {"argument 'lse' overlaps argument 'loss'"});
   // The backward's dE over its own lse.
   std::vector<double> both(N * D, -1.0);
   expect_invalid(tlse_cross_entropy_backward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, ce.E.data(),
                                              ce.C.data(), nullptr, ce.targets.data(), both.data(), nullptr,
-                                             ce.dloss.data(), both.data(), nullptr, nullptr, &ce.options),
+                                             ce.dloss.data(), both.data(), nullptr, nullptr, nullptr, &ce.options),
                  {"argument 'dE' overlaps argument 'lse'"});
   // A lent workspace over the loss.
   std::vector<double> arena(4096, -1.0);
   ce.options.workspace = arena.data() + 1, ce.options.workspace_bytes = 4000 * sizeof(double);
   expect_invalid(
       tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, ce.E.data(), ce.C.data(),
-                                 nullptr, ce.targets.data(), arena.data() + 10, nullptr, nullptr, &ce.options),
+                                 nullptr, ce.targets.data(), arena.data() + 10, nullptr, nullptr, nullptr, &ce.options),
       {"argument 'loss' overlaps argument 'workspace'"});
   EXPECT_TRUE(ce.untouched());
   for (double x : both) EXPECT_EQ(x, -1.0);
@@ -126,7 +126,7 @@ TEST(CApi, MisalignedArraysAreErrors) {
   std::vector<double> raw(N * D + 1);
   const void* odd = reinterpret_cast<const char*>(raw.data()) + 4;
   expect_invalid(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, odd, ce.C.data(),
-                                            nullptr, ce.targets.data(), ce.loss.data(), nullptr, nullptr, &ce.options),
+                                            nullptr, ce.targets.data(), ce.loss.data(), nullptr, nullptr, nullptr, &ce.options),
                  {"argument 'E' is at address", "not a multiple of 8 bytes"});
   EXPECT_TRUE(ce.untouched());
 }
@@ -139,7 +139,7 @@ TEST(CApi, OptionsBeyondTheAccumulatorAreErrors) {
   float loss = -1.0f;
   auto forward = [&](const tlse_cross_entropy_options& o) {
     return tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F32, N, V, D, E.data(), C.data(),
-                                      nullptr, targets.data(), &loss, nullptr, nullptr, &o);
+                                      nullptr, targets.data(), &loss, nullptr, nullptr, nullptr, &o);
   };
   tlse_cross_entropy_options o;
   tlse_cross_entropy_options_default(&o);
@@ -160,7 +160,7 @@ TEST(CApi, OptionsBeyondTheAccumulatorAreErrors) {
   std::vector<double> E64(N * D, 0.25), C64(V * D, 0.5);
   double loss64 = -1;
   EXPECT_EQ(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, E64.data(), C64.data(),
-                                       nullptr, targets.data(), &loss64, nullptr, nullptr, &o),
+                                       nullptr, targets.data(), &loss64, nullptr, nullptr, nullptr, &o),
             TLSE_SUCCESS)
       << tlse_last_error();
 }
@@ -176,7 +176,7 @@ TEST(CApi, PrecisionIsATlsePrecision) {
   const auto forward = [&](std::int32_t precision, float* loss) {
     ce.options.precision = precision;
     return tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F32, N, V, D, E.data(), C.data(),
-                                      nullptr, ce.targets.data(), loss, nullptr, nullptr, &ce.options);
+                                      nullptr, ce.targets.data(), loss, nullptr, nullptr, nullptr, &ce.options);
   };
   float exact = -1, tf32 = -1, untouched = -1;
   ASSERT_EQ(forward(TLSE_PRECISION_EXACT, &exact), TLSE_SUCCESS) << tlse_last_error();
@@ -235,16 +235,16 @@ struct StepAgainstPair {
 
     ASSERT_EQ(tlse_cross_entropy_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, d, E.data(),
                                                 C.data(), b, targets.data(), dloss.data(), loss.data(), dE.data(),
-                                                dC.data(), with_bias ? dbias.data() : nullptr, &options),
+                                                dC.data(), with_bias ? dbias.data() : nullptr, nullptr, &options),
               TLSE_SUCCESS)
         << tlse_last_error();
     ASSERT_EQ(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, d, E.data(), C.data(), b,
-                                         targets.data(), pair_loss.data(), lse.data(), nullptr, &options),
+                                         targets.data(), pair_loss.data(), lse.data(), nullptr, nullptr, &options),
               TLSE_SUCCESS)
         << tlse_last_error();
     ASSERT_EQ(tlse_cross_entropy_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, d, E.data(), C.data(),
                                           b, targets.data(), lse.data(), nullptr, dloss.data(), pair_dE.data(),
-                                          pair_dC.data(), with_bias ? pair_dbias.data() : nullptr, &options),
+                                          pair_dC.data(), with_bias ? pair_dbias.data() : nullptr, nullptr, &options),
               TLSE_SUCCESS)
         << tlse_last_error();
     expect_close("loss", loss, pair_loss);
@@ -262,6 +262,91 @@ struct StepAgainstPair {
           << name << "[" << i << "] = " << got[i] << ", forward and backward: " << want[i];
   }
 };
+
+/// F.cross_entropy(weight, label_smoothing) with mean reduction, plus dlse reaching the LSE, in
+/// float64 from the materialized logits: the loss, the argmax, the accuracy and dE (this test's
+/// oracle: the C API's tests link no Kokkos, so not tlse::testing's).
+struct SmoothedReference {
+  double loss = 0, accuracy = 0;
+  std::vector<std::int64_t> predicted = std::vector<std::int64_t>(N, -1);
+  std::vector<double> lse = std::vector<double>(N, 0.0), dE = std::vector<double>(N * D, 0.0);
+  SmoothedReference(const std::vector<double>& E, const std::vector<double>& C, const std::vector<std::int64_t>& t,
+                    const std::vector<double>& u, const std::vector<double>& dlse, double eps, double dloss) {
+    double weight_total = 0, u_total = 0;
+    int scored = 0, hits = 0;
+    for (double w : u) u_total += w;
+    for (std::int64_t i = 0; i < N; ++i)
+      if (t[i] >= 0) weight_total += u[t[i]], ++scored;
+    std::vector<double> x(V);
+    for (std::int64_t i = 0; i < N; ++i) {
+      if (t[i] < 0) continue;
+      double m = -INFINITY, sum = 0, smooth = 0;
+      for (std::int64_t j = 0; j < V; ++j) {
+        x[j] = 0;
+        for (std::int64_t k = 0; k < D; ++k) x[j] += E[i * D + k] * C[j * D + k];
+        if (x[j] > m) m = x[j], predicted[i] = j;
+      }
+      for (std::int64_t j = 0; j < V; ++j) sum += std::exp(x[j] - m);
+      const double l = lse[i] = m + std::log(sum);
+      for (std::int64_t j = 0; j < V; ++j) smooth += u[j] * (l - x[j]);
+      loss += ((1 - eps) * u[t[i]] * (l - x[t[i]]) + eps / V * smooth) / weight_total;
+      hits += predicted[i] == t[i];
+      const double c = dloss / weight_total;
+      for (std::int64_t j = 0; j < V; ++j) {
+        const double g = (c * ((1 - eps) * u[t[i]] + eps * u_total / V) + dlse[i]) * std::exp(x[j] - l) -
+                         (j == t[i] ? c * (1 - eps) * u[t[i]] : 0.0) - c * eps / V * u[j];
+        for (std::int64_t k = 0; k < D; ++k) dE[i * D + k] += g * C[j * D + k];
+      }
+    }
+    accuracy = double(hits) / scored;
+  }
+};
+
+TEST(CApiExtras, WeightsSmoothingArgmaxAndDlseAgainstTheReference) {
+  // Class weights, label smoothing, a gradient reaching the LSE, the predicted classes and the
+  // accuracy through tlse_cross_entropy_extras, in float64 against the materialized reference.
+  std::vector<double> E(N * D), C(V * D), weight(V), dlse(N), dloss{1.5};
+  for (std::int64_t i = 0; i < N * D; ++i) E[i] = std::sin(0.7 * double(i));
+  for (std::int64_t i = 0; i < V * D; ++i) C[i] = 2 * std::cos(0.3 * double(i));
+  std::vector<std::int64_t> targets(N);
+  for (std::int64_t i = 0; i < N; ++i) targets[i] = i % 4 == 3 ? -100 : (5 * i) % V, dlse[i] = 0.1 * double(i % 3);
+  for (std::int64_t j = 0; j < V; ++j) weight[j] = 0.5 + 0.25 * double(j % 4);
+  const SmoothedReference ref(E, C, targets, weight, dlse, 0.2, dloss[0]);
+  tlse_cross_entropy_options options;
+  tlse_cross_entropy_options_default(&options);
+  options.label_smoothing = 0.2;
+  options.filter_eps = 0;
+  std::vector<double> loss(1), lse(N), dE(N * D), dC(V * D), accuracy(1);
+  std::vector<std::int64_t> predicted(N, 99);
+  tlse_cross_entropy_extras forward{weight.data(), nullptr, predicted.data(), accuracy.data()};
+  ASSERT_EQ(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, E.data(), C.data(),
+                                       nullptr, targets.data(), loss.data(), lse.data(), nullptr, &forward, &options),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  EXPECT_NEAR(loss[0], ref.loss, 1e-12);
+  EXPECT_NEAR(accuracy[0], ref.accuracy, 1e-12);
+  for (std::int64_t i = 0; i < N; ++i) EXPECT_EQ(predicted[i], ref.predicted[i]) << "row " << i;
+  tlse_cross_entropy_extras backward{weight.data(), dlse.data(), nullptr, nullptr};
+  ASSERT_EQ(tlse_cross_entropy_backward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, E.data(), C.data(),
+                                        nullptr, targets.data(), lse.data(), nullptr, dloss.data(), dE.data(),
+                                        dC.data(), nullptr, &backward, &options),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  for (std::int64_t i = 0; i < N * D; ++i) EXPECT_NEAR(dE[i], ref.dE[i], 1e-12) << "dE " << i;
+  // The backward writes no argmax: an output of the forward given to it is an error, and nothing
+  // is written.
+  const std::vector<double> before = dE;
+  expect_invalid(tlse_cross_entropy_backward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, E.data(),
+                                             C.data(), nullptr, targets.data(), lse.data(), nullptr, dloss.data(),
+                                             dE.data(), dC.data(), nullptr, &forward, &options),
+                 {"cross_entropy_backward", "'predicted'", "output of the forward"});
+  EXPECT_EQ(dE, before);
+  options.label_smoothing = 2;
+  expect_invalid(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, E.data(),
+                                            C.data(), nullptr, targets.data(), loss.data(), lse.data(), nullptr,
+                                            nullptr, &options),
+                 {"'label_smoothing'", "must be in [0, 1], got 2"});
+}
 
 TEST(CApiTrainingStep, MatchesForwardAndBackward) {
   {

@@ -55,7 +55,7 @@ bool forward(tlse_device device, void* stream) {
   }
 #endif
   const tlse_status status = tlse_cross_entropy_forward(context, device, stream, TLSE_F64, n, v, d, e, c, nullptr,
-                                                        static_cast<const std::int64_t*>(t), l, s, nullptr, &options);
+                                                        static_cast<const std::int64_t*>(t), l, s, nullptr, nullptr, &options);
   if (status != TLSE_SUCCESS) std::printf("forward: %s\n", tlse_last_error());
 #if defined(TLSE_TEST_CUDA)
   if (device == TLSE_DEVICE_CUDA) {

@@ -56,10 +56,10 @@ struct CrossEntropyRun {
     tlse_cross_entropy_options_default(&o);
     o.filter_eps = 0;
     const tlse_status s = tlse_cross_entropy_forward(ctx, device, stream, TLSE_F32, N, V, D, E.data(), C.data(),
-                                                     bias.data(), targets.data(), loss.data(), lse.data(), nullptr, &o);
+                                                     bias.data(), targets.data(), loss.data(), lse.data(), nullptr, nullptr, &o);
     if (s != TLSE_SUCCESS) return s;
     return tlse_cross_entropy_backward(ctx, device, stream, TLSE_F32, N, V, D, E.data(), C.data(), bias.data(),
-                                       targets.data(), lse.data(), nullptr, dloss.data(), dE.data(), dC.data(), nullptr,
+                                       targets.data(), lse.data(), nullptr, dloss.data(), dE.data(), dC.data(), nullptr, nullptr,
                                        &o);
   }
   bool same_outputs(const CrossEntropyRun& o) const {
@@ -211,10 +211,10 @@ tlse_status run_on_cuda(tlse_context* ctx, cudaStream_t stream, CrossEntropyRun&
   tlse_cross_entropy_options_default(&o);
   o.filter_eps = 0;
   tlse_status s = tlse_cross_entropy_forward(ctx, TLSE_DEVICE_CUDA, stream, TLSE_F32, N, V, D, E.p, C.p, bias.p,
-                                             targets.p, loss.p, lse.p, nullptr, &o);
+                                             targets.p, loss.p, lse.p, nullptr, nullptr, &o);
   if (s == TLSE_SUCCESS)
     s = tlse_cross_entropy_backward(ctx, TLSE_DEVICE_CUDA, stream, TLSE_F32, N, V, D, E.p, C.p, bias.p, targets.p,
-                                    lse.p, nullptr, dloss.p, dE.p, dC.p, nullptr, &o);
+                                    lse.p, nullptr, dloss.p, dE.p, dC.p, nullptr, nullptr, &o);
   cudaStreamSynchronize(stream);
   r.loss = loss.host(), r.lse = lse.host(), r.dE = dE.host(), r.dC = dC.host();
   return s;

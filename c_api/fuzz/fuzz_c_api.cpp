@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -319,6 +320,12 @@ tlse_cross_entropy_options cross_entropy_options(Input& in, Call& call, int dtyp
   if (!(o.z_loss >= 0) || !std::isfinite(o.z_loss) || (dtype != TLSE_F64 && o.z_loss > FLT_MAX)) call.invalid("z_loss");
   if (o.filter_eps != TLSE_FILTER_EPS_AUTO && !(o.filter_eps >= 0 && o.filter_eps <= 1)) call.invalid("filter_eps");
   if (o.ignore_index >= 0 && o.ignore_index < v) call.invalid("ignore_index a class");
+  // Label smoothing's values are the unit tests' (the oracle knows none); here only bad ones.
+  if (in.one_in(32)) {
+    o.label_smoothing = in.pick<double>({-0.5, 1.5, std::numeric_limits<double>::quiet_NaN()});
+    call.note("label_smoothing=" + std::to_string(o.label_smoothing));
+    call.invalid("label_smoothing");
+  }
   return o;
 }
 
@@ -397,7 +404,7 @@ void fuzz_training_step(Input& in, Call& forward, const Target& t, std::int64_t 
   const tlse_status s = tlse_cross_entropy_with_gradients(
       context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, forward.pointer(0), forward.pointer(1),
       forward.pointer(2), static_cast<const std::int64_t*>(forward.pointer(3)), step.pointer(0), step.pointer(1),
-      step.pointer(2), step.pointer(3), step.pointer(4), use_options ? &o : nullptr);
+      step.pointer(2), step.pointer(3), step.pointer(4), nullptr, use_options ? &o : nullptr);
   step.after(s);
   forward.read_only_since_before("the training step");
   if (s != TLSE_SUCCESS) return;
@@ -457,7 +464,7 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
         context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, call.pointer(0), call.pointer(1),
         call.pointer(2), static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(4),
         static_cast<const std::int32_t*>(call.pointer(5)), call.pointer(6), call.pointer(7), call.pointer(8),
-        call.pointer(9), use_options ? &o : nullptr);
+        call.pointer(9), nullptr, use_options ? &o : nullptr);
     call.after(s);
     return;
   }
@@ -471,7 +478,7 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
   const tlse_status s = tlse_cross_entropy_forward(
       context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, call.pointer(0), call.pointer(1),
       call.pointer(2), static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(4), call.pointer(5),
-      static_cast<std::int32_t*>(call.pointer(6)), use_options ? &o : nullptr);
+      static_cast<std::int32_t*>(call.pointer(6)), nullptr, use_options ? &o : nullptr);
   call.after(s);
   if (s != TLSE_SUCCESS || !clean) return;
 
@@ -509,7 +516,7 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
         context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, call.pointer(0), call.pointer(1),
         call.pointer(2), static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(5),
         static_cast<const std::int32_t*>(call.pointer(6)), back.pointer(0), back.pointer(1), back.pointer(2),
-        back.pointer(3), use_options ? &o : nullptr);
+        back.pointer(3), nullptr, use_options ? &o : nullptr);
     back.after(sb);
     call.read_only_since_before("the backward");
     if (sb == TLSE_SUCCESS && o.filter_eps == 0) {  // filtered gradients are checked by the unit tests
@@ -628,7 +635,7 @@ void fuzz_contrastive(Input& in, bool backward_alone) {
     const tlse_status s = tlse_contrastive_backward(
         context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), b, c, call.pointer(0), call.pointer(1),
         static_cast<const std::int64_t*>(call.pointer(2)), call.pointer(3), call.pointer(4), call.pointer(5),
-        call.pointer(6), call.pointer(7), call.pointer(8), use_options ? &o : nullptr);
+        call.pointer(6), call.pointer(7), call.pointer(8), nullptr, use_options ? &o : nullptr);
     call.after(s);
     return;
   }
@@ -669,7 +676,7 @@ void fuzz_contrastive(Input& in, bool backward_alone) {
   const tlse_status sb = tlse_contrastive_backward(
       context(), tlse_device(t.device), t.stream, tlse_dtype(t.dtype), b, c, call.pointer(0), call.pointer(1),
       static_cast<const std::int64_t*>(call.pointer(2)), call.pointer(4), call.pointer(5), back.pointer(0),
-      back.pointer(1), back.pointer(2), back.pointer(3), use_options ? &o : nullptr);
+      back.pointer(1), back.pointer(2), back.pointer(3), nullptr, use_options ? &o : nullptr);
   back.after(sb);
   call.read_only_since_before("the backward");
   if (sb != TLSE_SUCCESS) return;
@@ -838,7 +845,7 @@ void fuzz_distributed(Input& in, int which) {
       s = tlse_cross_entropy_forward_distributed(context(), comm, tlse_device(t.device), t.stream, tlse_dtype(t.dtype),
                                                  n, v, d, call.pointer(0), call.pointer(1), call.pointer(2),
                                                  static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(4),
-                                                 call.pointer(5), &o);
+                                                 call.pointer(5), nullptr, &o);
     } else {
       call.array("lse", A, n, false, true, true);
       Buffer* dloss = call.array("dloss", A, loss_count, false, true, special);
@@ -850,7 +857,7 @@ void fuzz_distributed(Input& in, int which) {
       s = tlse_cross_entropy_backward_distributed(
           context(), comm, tlse_device(t.device), t.stream, tlse_dtype(t.dtype), n, v, d, call.pointer(0),
           call.pointer(1), call.pointer(2), static_cast<const std::int64_t*>(call.pointer(3)), call.pointer(4),
-          call.pointer(5), call.pointer(6), call.pointer(7), call.pointer(8), &o);
+          call.pointer(5), call.pointer(6), call.pointer(7), call.pointer(8), nullptr, &o);
     }
   } else {
     const std::int64_t b = in.size(16), c = in.size(8);

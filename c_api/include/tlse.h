@@ -88,7 +88,24 @@ typedef struct tlse_cross_entropy_options {
   size_t workspace_bytes;    /**< bytes at workspace (with a workspace) */
   uint64_t memory_budget;    /**< bytes of workspace a call may use (it picks the fastest algorithm that fits);
                                 0 (default): 256 MiB. docs/options.md */
+  double label_smoothing;    /**< F.cross_entropy's label_smoothing, in [0, 1]: the target distribution puts
+                                1 - label_smoothing on the target and label_smoothing / v on every class (times
+                                the class weights when given); default 0 */
 } tlse_cross_entropy_options;
+
+/** Optional arrays of the cross-entropy calls; any member may be NULL, and a NULL pointer to the
+ * struct means none. Each is on `device`, of the acc type unless said; a call given one it does not
+ * take fails. docs/c_api.md. */
+typedef struct tlse_cross_entropy_extras {
+  const void* class_weight; /**< v (this rank's v for a vocabulary shard): F.cross_entropy's `weight`, each class's
+                               weight, finite and >= 0; a row's loss is multiplied by its target's weight and `mean`
+                               divides by the scored rows' total weight. Every call; give the forward's to the backward */
+  const void* dlse;         /**< n: the gradient reaching the forward's lse output (a loss built from the returned
+                               LSE, e.g. a z-loss); backward and step only */
+  int64_t* predicted;       /**< n: each scored row's argmax class (ties: the lowest id), -1 for rows not scored;
+                               forward and step only */
+  void* accuracy;           /**< 1: the fraction of scored rows whose argmax is their target; forward and step only */
+} tlse_cross_entropy_extras;
 
 /** Options of the contrastive calls. Start from tlse_contrastive_options_default(); the fields
  * shared with tlse_cross_entropy_options mean the same there. */
@@ -161,20 +178,24 @@ TLSE_API tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_d
 /* E: n x d, C: v x d (dtype); bias: v (dtype) or NULL; targets: n (int64).
  * Outputs: loss: n (TLSE_REDUCTION_NONE) or 1 (acc type); lse: n or NULL (acc type; the backward
  * needs it); vocab_order: v or NULL (int32; lets the backward skip unlikely classes).
+ * extras: NULL, or class_weight, predicted and accuracy (tlse_cross_entropy_extras).
  * options: NULL for the defaults. */
 TLSE_API tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device, void* stream,
                                                 tlse_dtype dtype, int64_t n, int64_t v, int64_t d, const void* E,
                                                 const void* C, const void* bias, const int64_t* targets, void* loss,
                                                 void* lse, int32_t* vocab_order,
+                                                const tlse_cross_entropy_extras* extras,
                                                 const tlse_cross_entropy_options* options);
 
 /* Takes the forward's inputs, its lse and (optional) vocab_order, and dloss shaped like the
- * forward's loss. Writes dE (n x d), dC (v x d), dbias (v); any may be NULL (not computed). */
+ * forward's loss. Writes dE (n x d), dC (v x d), dbias (v); any may be NULL (not computed).
+ * extras: NULL, or the forward's class_weight and dlse (tlse_cross_entropy_extras). */
 TLSE_API tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device device, void* stream,
                                                  tlse_dtype dtype, int64_t n, int64_t v, int64_t d, const void* E,
                                                  const void* C, const void* bias, const int64_t* targets,
                                                  const void* lse, const int32_t* vocab_order, const void* dloss,
                                                  void* dE, void* dC, void* dbias,
+                                                 const tlse_cross_entropy_extras* extras,
                                                  const tlse_cross_entropy_options* options);
 
 /* A training step in one call: the forward's loss and the backward's gradients for `dloss`, as
@@ -187,13 +208,15 @@ TLSE_API tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_dev
  * buffers (the default 256 MiB at the usual LM sizes), with accumulate 0 and dE and dC given
  * (ignored rows or not), the logits of the first part of the classes are kept in dC's own storage and
  * the rows times the gradient's row factors in dE's, both overwritten with the gradients before
- * the call returns: those classes take 3 products. Otherwise it runs the two calls, the backward
- * without vocabulary sorting (docs/c_api.md). */
+ * the call returns: those classes take 3 products. Otherwise (and with extras->predicted or
+ * accuracy, or label smoothing under a softcap) it runs the two calls, the backward without
+ * vocabulary sorting (docs/c_api.md). extras: NULL, or any of its members. */
 TLSE_API tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device device, void* stream,
                                                        tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
                                                        const void* E, const void* C, const void* bias,
                                                        const int64_t* targets, const void* dloss, void* loss,
                                                        void* dE, void* dC, void* dbias,
+                                                       const tlse_cross_entropy_extras* extras,
                                                        const tlse_cross_entropy_options* options);
 
 /* ---- Contrastive (CLIP InfoNCE) loss: x_ij = scale * I_i . T_j ------------------------------ */
@@ -210,12 +233,21 @@ TLSE_API tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device
                                               const int64_t* labels, void* loss, void* row_lse, void* col_lse,
                                               const tlse_contrastive_options* options);
 
+/** The gradients reaching the LSEs tlse_contrastive_forward returned, for a loss built from
+ * them (acc type, b each, on `device`); either may be NULL, and a NULL pointer to the struct means
+ * none. */
+typedef struct tlse_contrastive_extras {
+  const void* d_row_lse; /**< b: dL/d row_lse */
+  const void* d_col_lse; /**< b: dL/d col_lse (the direction must include text-to-image) */
+} tlse_contrastive_extras;
+
 /* dloss: 1 (acc type). Writes dI, dT (b x c, dtype) and dscale (1, acc type: dL/dscale); any may
- * be NULL. */
+ * be NULL. extras: NULL, or the gradients reaching the returned LSEs. */
 TLSE_API tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device, void* stream,
                                                tlse_dtype dtype, int64_t b, int64_t c, const void* I, const void* T,
                                                const int64_t* labels, const void* row_lse, const void* col_lse,
                                                const void* dloss, void* dI, void* dT, void* dscale,
+                                               const tlse_contrastive_extras* extras,
                                                const tlse_contrastive_options* options);
 
 /* ---- Self-similarity contrastive loss (SimCLR's NT-Xent): x_ij = scale * Z_i . Z_j, j != i ---- */
@@ -305,22 +337,27 @@ TLSE_API tlse_status tlse_contrastive_backward_distributed(tlse_context* context
 /* Vocabulary-parallel cross-entropy: E (n x d) and targets (n, global class ids or ignore_index)
  * are the same on every rank; C (v x d) and bias (v or NULL) are this rank's shard, classes
  * [sum of the previous ranks' v, + v) of the global vocabulary. loss and lse (the global ones)
- * come out the same on every rank. */
+ * come out the same on every rank. extras: class_weight is this rank's shard (v; on every rank or
+ * none); predicted (global class ids) and accuracy come out the same on every rank (asked for on
+ * every rank or none). */
 TLSE_API tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const tlse_communicator* comm,
                                                             tlse_device device, void* stream, tlse_dtype dtype,
                                                             int64_t n, int64_t v, int64_t d, const void* E,
                                                             const void* C, const void* bias, const int64_t* targets,
                                                             void* loss, void* lse,
+                                                            const tlse_cross_entropy_extras* extras,
                                                             const tlse_cross_entropy_options* options);
 
 /* Writes the full dE (the same on every rank; given on every rank or none) and this rank's dC,
- * dbias shards; any may be NULL. */
+ * dbias shards; any may be NULL. extras: the forward's class_weight shard, and dlse (n, the same
+ * on every rank). */
 TLSE_API tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const tlse_communicator* comm,
                                                              tlse_device device, void* stream, tlse_dtype dtype,
                                                              int64_t n, int64_t v, int64_t d, const void* E,
                                                              const void* C, const void* bias, const int64_t* targets,
                                                              const void* lse, const void* dloss, void* dE, void* dC,
-                                                             void* dbias, const tlse_cross_entropy_options* options);
+                                                             void* dbias, const tlse_cross_entropy_extras* extras,
+                                                             const tlse_cross_entropy_options* options);
 
 #ifdef __cplusplus
 }

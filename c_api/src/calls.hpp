@@ -29,6 +29,17 @@ Matrix<U, Exec> mat(const Exec&, P* p, std::int64_t rows, std::int64_t cols) {
                          given ? cols : 0);
 }
 
+/// The call's tlse_cross_entropy_extras as the C++ API's.
+template <class Acc, class Exec>
+CrossEntropyExtras<Acc, typename Exec::memory_space> extras(const Exec& exec, const CrossEntropyArgs& a) {
+  CrossEntropyExtras<Acc, typename Exec::memory_space> x;
+  x.class_weight = vec<const Acc>(exec, a.class_weight, a.v);
+  x.dlse = vec<const Acc>(exec, a.dlse, a.n);
+  x.predicted = vec<std::int64_t>(exec, a.predicted, a.n);
+  x.accuracy = vec<Acc>(exec, a.accuracy, 1);
+  return x;
+}
+
 template <class T>
 std::size_t cross_entropy_workspace(const Launch& l, const CrossEntropyArgs& a) {
   std::size_t bytes = 0;
@@ -58,7 +69,7 @@ void cross_entropy_forward(const Launch& l, const CrossEntropyArgs& a) {
     tlse::cross_entropy(exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d),
                         vec<const T>(exec, a.bias, a.v), vec<const std::int64_t>(exec, a.targets, a.n),
                         vec<Acc>(exec, a.loss, a.loss_size()), vec<Acc>(exec, a.lse_out, a.n),
-                        vec<int>(exec, a.order_out, a.v), a.options);
+                        vec<int>(exec, a.order_out, a.v), extras<Acc>(exec, a), a.options);
   });
 }
 
@@ -70,7 +81,7 @@ void cross_entropy_backward(const Launch& l, const CrossEntropyArgs& a) {
         exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
         vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.lse, a.n),
         vec<const int>(exec, a.order, a.v), vec<const Acc>(exec, a.dloss, a.loss_size()), mat<T>(exec, a.dE, a.n, a.d),
-        mat<T>(exec, a.dC, a.v, a.d), vec<T>(exec, a.dbias, a.v), a.options);
+        mat<T>(exec, a.dC, a.v, a.d), vec<T>(exec, a.dbias, a.v), extras<Acc>(exec, a), a.options);
   });
 }
 
@@ -82,7 +93,7 @@ void cross_entropy_with_gradients(const Launch& l, const CrossEntropyArgs& a) {
         exec, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
         vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.dloss, a.loss_size()),
         vec<Acc>(exec, a.loss, a.loss_size()), mat<T>(exec, a.dE, a.n, a.d), mat<T>(exec, a.dC, a.v, a.d),
-        vec<T>(exec, a.dbias, a.v), a.options);
+        vec<T>(exec, a.dbias, a.v), extras<Acc>(exec, a), a.options);
   });
 }
 
@@ -111,11 +122,14 @@ template <class T>
 void contrastive_backward(const Launch& l, const ContrastiveArgs& a) {
   using Acc = accumulator_t<T>;
   on_exec(l, [&](const auto& exec) {
+    ContrastiveExtras<Acc, typename std::decay_t<decltype(exec)>::memory_space> x;
+    x.d_row_lse = vec<const Acc>(exec, a.d_row_lse, a.b);
+    x.d_col_lse = vec<const Acc>(exec, a.d_col_lse, a.b);
     tlse::contrastive_loss_backward(
         exec, mat<const T>(exec, a.I, a.b, a.c), mat<const T>(exec, a.T, a.b, a.c),
         vec<const std::int64_t>(exec, a.labels, a.b), vec<const Acc>(exec, a.row_lse, a.b),
         vec<const Acc>(exec, a.col_lse, a.b), vec<const Acc>(exec, a.dloss, 1), mat<T>(exec, a.dI, a.b, a.c),
-        mat<T>(exec, a.dT, a.b, a.c), vec<Acc>(exec, a.dscale, 1), a.options);
+        mat<T>(exec, a.dT, a.b, a.c), vec<Acc>(exec, a.dscale, 1), x, a.options);
   });
 }
 
@@ -155,7 +169,8 @@ void cross_entropy_forward_distributed(const Launch& l, const Callbacks& cb, con
     const distributed::CallbackCommunicator<std::decay_t<decltype(exec)>> comm(exec, cb);
     distributed::cross_entropy(comm, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d),
                                vec<const T>(exec, a.bias, a.v), vec<const std::int64_t>(exec, a.targets, a.n),
-                               vec<Acc>(exec, a.loss, a.loss_size()), vec<Acc>(exec, a.lse_out, a.n), a.options);
+                               vec<Acc>(exec, a.loss, a.loss_size()), vec<Acc>(exec, a.lse_out, a.n),
+                               extras<Acc>(exec, a), a.options);
   });
 }
 
@@ -168,7 +183,7 @@ void cross_entropy_backward_distributed(const Launch& l, const Callbacks& cb, co
         comm, mat<const T>(exec, a.E, a.n, a.d), mat<const T>(exec, a.C, a.v, a.d), vec<const T>(exec, a.bias, a.v),
         vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.lse, a.n),
         vec<const Acc>(exec, a.dloss, a.loss_size()), mat<T>(exec, a.dE, a.n, a.d), mat<T>(exec, a.dC, a.v, a.d),
-        vec<T>(exec, a.dbias, a.v), a.options);
+        vec<T>(exec, a.dbias, a.v), extras<Acc>(exec, a), a.options);
   });
 }
 

@@ -51,6 +51,9 @@ struct CrossEntropyArgs {
   const void *lse = nullptr, *dloss = nullptr;  // backward inputs
   const std::int32_t* order = nullptr;
   void *dE = nullptr, *dC = nullptr, *dbias = nullptr;  // backward outputs
+  const void *class_weight = nullptr, *dlse = nullptr;  // tlse_cross_entropy_extras
+  std::int64_t* predicted = nullptr;
+  void* accuracy = nullptr;
   CrossEntropyOptions options;
 
   /// Elements of loss and dloss: one per row under Reduction::none, else one.
@@ -64,6 +67,7 @@ struct ContrastiveArgs {
   void *loss = nullptr, *row_lse_out = nullptr, *col_lse_out = nullptr;  // forward outputs
   const void *row_lse = nullptr, *col_lse = nullptr, *dloss = nullptr;  // backward inputs
   void *dI = nullptr, *dT = nullptr, *dscale = nullptr;                  // backward outputs
+  const void *d_row_lse = nullptr, *d_col_lse = nullptr;                 // tlse_contrastive_extras
   ContrastiveOptions options;
 };
 

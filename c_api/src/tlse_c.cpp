@@ -303,6 +303,7 @@ tlse::CrossEntropyOptions convert(const char* function, const tlse_cross_entropy
   r.precision = precision_of(function, o.precision);
   r.workspace = {o.workspace, o.workspace_bytes};
   r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
+  r.label_smoothing = o.label_smoothing;
   return r;
 }
 
@@ -405,6 +406,19 @@ void cross_entropy_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::Cros
   arrays.input("targets", targets, a.n, sizeof(int64_t), true);
   arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
   a.E = E, a.C = C, a.bias = bias, a.targets = targets;
+}
+
+/// The extras of a cross-entropy call, checked and recorded in `a` (NULL: none; the C++ layer
+/// checks which call takes which).
+void cross_entropy_extras(CallerArrays& arrays, ElementBytes e, tlse::capi::CrossEntropyArgs& a,
+                          const tlse_cross_entropy_extras* extras) {
+  if (!extras) return;
+  arrays.input("extras->class_weight", extras->class_weight, a.v, e.acc);
+  arrays.input("extras->dlse", extras->dlse, a.n, e.acc);
+  arrays.output("extras->predicted", extras->predicted, a.n, sizeof(int64_t));
+  arrays.output("extras->accuracy", extras->accuracy, 1, e.acc);
+  a.class_weight = extras->class_weight, a.dlse = extras->dlse;
+  a.predicted = extras->predicted, a.accuracy = extras->accuracy;
 }
 
 /// dloss and the gradient outputs the backward and the step share, checked and recorded in `a`.
@@ -510,7 +524,7 @@ tlse::capi::CrossEntropyArgs cross_entropy_forward_args(const char* fn, const tl
                                                         tlse_device device, tlse_dtype dtype, int64_t n, int64_t v,
                                                         int64_t d, const void* E, const void* C, const void* bias,
                                                         const int64_t* targets, void* loss, void* lse,
-                                                        int32_t* vocab_order,
+                                                        int32_t* vocab_order, const tlse_cross_entropy_extras* extras,
                                                         const tlse_cross_entropy_options* options) {
   auto a = cross_entropy_args(fn, n, v, d, options);
   const ElementBytes e = element_bytes(fn, dtype);
@@ -519,6 +533,7 @@ tlse::capi::CrossEntropyArgs cross_entropy_forward_args(const char* fn, const tl
   arrays.output("loss", loss, a.loss_size(), e.acc, true);
   arrays.output("lse", lse, n, e.acc);
   arrays.output("vocab_order", vocab_order, v, sizeof(int32_t));
+  cross_entropy_extras(arrays, e, a, extras);
   arrays.disjoint();
   a.loss = loss, a.lse_out = lse, a.order_out = vocab_order;
   return a;
@@ -530,7 +545,7 @@ tlse::capi::CrossEntropyArgs cross_entropy_backward_args(const char* fn, const t
                                                          int64_t d, const void* E, const void* C, const void* bias,
                                                          const int64_t* targets, const void* lse,
                                                          const int32_t* vocab_order, const void* dloss, void* dE,
-                                                         void* dC, void* dbias,
+                                                         void* dC, void* dbias, const tlse_cross_entropy_extras* extras,
                                                          const tlse_cross_entropy_options* options) {
   auto a = cross_entropy_args(fn, n, v, d, options);
   const ElementBytes e = element_bytes(fn, dtype);
@@ -539,6 +554,7 @@ tlse::capi::CrossEntropyArgs cross_entropy_backward_args(const char* fn, const t
   arrays.input("lse", lse, n, e.acc, true);
   arrays.input("vocab_order", vocab_order, v, sizeof(int32_t));
   cross_entropy_gradients(arrays, e, a, dloss, dE, dC, dbias);
+  cross_entropy_extras(arrays, e, a, extras);
   arrays.disjoint();
   a.lse = lse, a.order = vocab_order;
   return a;
@@ -551,13 +567,15 @@ tlse::capi::CrossEntropyArgs cross_entropy_with_gradients_args(const char* fn, c
                                                                int64_t v, int64_t d, const void* E, const void* C,
                                                                const void* bias, const int64_t* targets,
                                                                const void* dloss, void* loss, void* dE, void* dC,
-                                                               void* dbias, const tlse_cross_entropy_options* options) {
+                                                               void* dbias, const tlse_cross_entropy_extras* extras,
+                                                               const tlse_cross_entropy_options* options) {
   auto a = cross_entropy_args(fn, n, v, d, options);
   const ElementBytes e = element_bytes(fn, dtype);
   CallerArrays arrays(fn, context, device);
   cross_entropy_inputs(arrays, e, a, E, C, bias, targets);
   arrays.output("loss", loss, a.loss_size(), e.acc, true);
   cross_entropy_gradients(arrays, e, a, dloss, dE, dC, dbias);
+  cross_entropy_extras(arrays, e, a, extras);
   arrays.disjoint();
   a.loss = loss;
   return a;
@@ -585,7 +603,8 @@ tlse::capi::ContrastiveArgs contrastive_backward_args(const char* fn, const tlse
                                                       tlse_dtype dtype, int64_t b, int64_t c, const void* I,
                                                       const void* T, const int64_t* labels, const void* row_lse,
                                                       const void* col_lse, const void* dloss, void* dI, void* dT,
-                                                      void* dscale, const tlse_contrastive_options* options) {
+                                                      void* dscale, const tlse_contrastive_extras* extras,
+                                                      const tlse_contrastive_options* options) {
   auto a = contrastive_args(fn, b, c, options);
   const ElementBytes e = element_bytes(fn, dtype);
   CallerArrays arrays(fn, context, device);
@@ -596,6 +615,11 @@ tlse::capi::ContrastiveArgs contrastive_backward_args(const char* fn, const tlse
   arrays.output("dI", dI, b * c, e.value);
   arrays.output("dT", dT, b * c, e.value);
   arrays.output("dscale", dscale, 1, e.acc);
+  if (extras) {
+    arrays.input("extras->d_row_lse", extras->d_row_lse, b, e.acc);
+    arrays.input("extras->d_col_lse", extras->d_col_lse, b, e.acc);
+    a.d_row_lse = extras->d_row_lse, a.d_col_lse = extras->d_col_lse;
+  }
   arrays.disjoint();
   a.row_lse = row_lse, a.col_lse = col_lse, a.dloss = dloss;
   a.dI = dI, a.dT = dT, a.dscale = dscale;
@@ -758,12 +782,13 @@ tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_device dev
 tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                        int64_t n, int64_t v, int64_t d, const void* E, const void* C,
                                        const void* bias, const int64_t* targets, void* loss, void* lse,
-                                       int32_t* vocab_order, const tlse_cross_entropy_options* options) {
+                                       int32_t* vocab_order, const tlse_cross_entropy_extras* extras,
+                                       const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
     const auto a = cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse,
-                                              vocab_order, options);
+                                              vocab_order, extras, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
   });
@@ -773,12 +798,13 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
                                         int64_t n, int64_t v, int64_t d, const void* E, const void* C,
                                         const void* bias, const int64_t* targets, const void* lse,
                                         const int32_t* vocab_order, const void* dloss, void* dE, void* dC,
-                                        void* dbias, const tlse_cross_entropy_options* options) {
+                                        void* dbias, const tlse_cross_entropy_extras* extras,
+                                        const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
     const auto a = cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, vocab_order,
-                                               dloss, dE, dC, dbias, options);
+                                               dloss, dE, dC, dbias, extras, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
   });
@@ -788,12 +814,13 @@ tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device
                                               tlse_dtype dtype, int64_t n, int64_t v, int64_t d, const void* E,
                                               const void* C, const void* bias, const int64_t* targets,
                                               const void* dloss, void* loss, void* dE, void* dC, void* dbias,
+                                              const tlse_cross_entropy_extras* extras,
                                               const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_with_gradients";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
     const auto a = cross_entropy_with_gradients_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, dloss,
-                                                     loss, dE, dC, dbias, options);
+                                                     loss, dE, dC, dbias, extras, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_with_gradients<decltype(tag)>(launch, a); });
   });
@@ -828,12 +855,13 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
 tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                       int64_t b, int64_t c, const void* I, const void* T, const int64_t* labels,
                                       const void* row_lse, const void* col_lse, const void* dloss, void* dI,
-                                      void* dT, void* dscale, const tlse_contrastive_options* options) {
+                                      void* dT, void* dscale, const tlse_contrastive_extras* extras,
+                                      const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_backward";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
     const auto a = contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
-                                             dscale, options);
+                                             dscale, extras, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
   });
@@ -880,6 +908,7 @@ tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const 
                                                    tlse_device device, void* stream, tlse_dtype dtype, int64_t n,
                                                    int64_t v, int64_t d, const void* E, const void* C,
                                                    const void* bias, const int64_t* targets, void* loss, void* lse,
+                                                   const tlse_cross_entropy_extras* extras,
                                                    const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward_distributed";
   return guarded(fn, [&] {
@@ -887,7 +916,7 @@ tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const 
         fn, context, comm, device, stream, dtype,
         [&] {
           return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse, nullptr,
-                                            options);
+                                            extras, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a);
@@ -900,6 +929,7 @@ tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const
                                                     int64_t v, int64_t d, const void* E, const void* C,
                                                     const void* bias, const int64_t* targets, const void* lse,
                                                     const void* dloss, void* dE, void* dC, void* dbias,
+                                                    const tlse_cross_entropy_extras* extras,
                                                     const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward_distributed";
   return guarded(fn, [&] {
@@ -907,7 +937,7 @@ tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const
         fn, context, comm, device, stream, dtype,
         [&] {
           return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, nullptr, dloss,
-                                             dE, dC, dbias, options);
+                                             dE, dC, dbias, extras, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a);
@@ -943,7 +973,7 @@ tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const t
         fn, context, comm, device, stream, dtype,
         [&] {
           return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
-                                           dscale, options);
+                                           dscale, nullptr, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a);

@@ -29,7 +29,7 @@ program contrastive
   dloss = 1
   call tlse_check(tlse_contrastive_backward(context, TLSE_DEVICE_HOST, c_null_ptr, TLSE_F64, int(b, c_int64_t), &
       int(dim, c_int64_t), c_loc(images), c_loc(texts), c_null_ptr, c_loc(row_lse), c_loc(col_lse), c_loc(dloss), &
-      c_loc(dimages), c_loc(dtexts), c_loc(dscale), options))
+      c_loc(dimages), c_loc(dtexts), c_loc(dscale), c_null_ptr, options))
 
   ! Loops: x(i, j) = scale images_i . texts_j; loss = mean over i of (lse of row i - x(i, i)) and
   ! of (lse of column i - x(i, i)), halved; dL/dx = (softmax of the row + softmax of the column

@@ -31,11 +31,11 @@ program cross_entropy
   call tlse_cross_entropy_options_default(options)
   call tlse_check(tlse_cross_entropy_forward(context, TLSE_DEVICE_HOST, c_null_ptr, TLSE_F64, int(n, c_int64_t), &
       int(v, c_int64_t), int(d, c_int64_t), c_loc(e), c_loc(c), c_null_ptr, c_loc(targets), c_loc(loss), &
-      c_loc(lse), c_null_ptr, options))
+      c_loc(lse), c_null_ptr, c_null_ptr, options))
   dloss = 1
   call tlse_check(tlse_cross_entropy_backward(context, TLSE_DEVICE_HOST, c_null_ptr, TLSE_F64, int(n, c_int64_t), &
       int(v, c_int64_t), int(d, c_int64_t), c_loc(e), c_loc(c), c_null_ptr, c_loc(targets), c_loc(lse), &
-      c_null_ptr, c_loc(dloss), c_loc(de), c_loc(dc), c_null_ptr, options))
+      c_null_ptr, c_loc(dloss), c_loc(de), c_loc(dc), c_null_ptr, c_null_ptr, options))
 
   expected = 0
   do i = 1, n
@@ -48,7 +48,8 @@ program cross_entropy
   ! The same loss and gradients from one call (the forward's logits become the gradient on GPUs).
   call tlse_check(tlse_cross_entropy_with_gradients(context, TLSE_DEVICE_HOST, c_null_ptr, TLSE_F64, &
       int(n, c_int64_t), int(v, c_int64_t), int(d, c_int64_t), c_loc(e), c_loc(c), c_null_ptr, c_loc(targets), &
-      c_loc(dloss), c_loc(step_loss), c_loc(step_de), c_loc(step_dc), c_null_ptr, options))
+      c_loc(dloss), c_loc(step_loss), c_loc(step_de), c_loc(step_dc), c_null_ptr, c_null_ptr, &
+      options))
   print '(a, f12.8, a, es9.2)', 'Fortran: the step in one call', step_loss, ', largest gradient difference', &
       max(maxval(abs(step_de - de)), maxval(abs(step_dc - dc)))
   if (abs(step_loss - loss) > 1d-12 * (1 + abs(loss))) stop 1
@@ -58,7 +59,7 @@ program cross_entropy
   targets(3) = -7
   status = tlse_cross_entropy_forward(context, TLSE_DEVICE_HOST, c_null_ptr, TLSE_F64, int(n, c_int64_t), &
       int(v, c_int64_t), int(d, c_int64_t), c_loc(e), c_loc(c), c_null_ptr, c_loc(targets), c_loc(loss), &
-      c_null_ptr, c_null_ptr, options)
+      c_null_ptr, c_null_ptr, c_null_ptr, options)
   print '(a, i0, 2a)', 'bad target: status ', status, ', ', tlse_last_error()
   if (status /= TLSE_ERROR_INVALID_ARGUMENT) stop 1
   call tlse_check(tlse_context_destroy(context))

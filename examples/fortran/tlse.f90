@@ -27,6 +27,16 @@ module tlse
     type(c_ptr) :: workspace
     integer(c_size_t) :: workspace_bytes
     integer(c_int64_t) :: memory_budget  ! bytes of workspace a call may use; 0: 256 MiB
+    real(c_double) :: label_smoothing    ! F.cross_entropy's label_smoothing, in [0, 1]
+  end type
+
+  ! Same members, types and order as tlse_cross_entropy_extras in tlse.h (pass c_loc of one, or
+  ! c_null_ptr for none, as the calls' extras).
+  type, bind(c) :: tlse_cross_entropy_extras
+    type(c_ptr) :: class_weight  ! v: class weights
+    type(c_ptr) :: dlse          ! n: gradient reaching the forward's lse (backward)
+    type(c_ptr) :: predicted     ! n: int64 argmax class per row (forward)
+    type(c_ptr) :: accuracy      ! 1: fraction of scored rows predicted right (forward)
   end type
 
   ! Same members, types and order as tlse_contrastive_options in tlse.h.
@@ -63,27 +73,27 @@ module tlse
     end subroutine
 
     integer(c_int) function tlse_cross_entropy_forward(context, device, stream, dtype, n, v, d, e, c, bias, &
-        targets, loss, lse, vocab_order, options) bind(c, name="tlse_cross_entropy_forward")
+        targets, loss, lse, vocab_order, extras, options) bind(c, name="tlse_cross_entropy_forward")
       import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
-      type(c_ptr), value :: context, stream, e, c, bias, targets, loss, lse, vocab_order
+      type(c_ptr), value :: context, stream, e, c, bias, targets, loss, lse, vocab_order, extras
       integer(c_int), value :: device, dtype
       integer(c_int64_t), value :: n, v, d
       type(tlse_cross_entropy_options), intent(in) :: options
     end function
 
     integer(c_int) function tlse_cross_entropy_backward(context, device, stream, dtype, n, v, d, e, c, bias, &
-        targets, lse, vocab_order, dloss, de, dc, dbias, options) bind(c, name="tlse_cross_entropy_backward")
+        targets, lse, vocab_order, dloss, de, dc, dbias, extras, options) bind(c, name="tlse_cross_entropy_backward")
       import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
-      type(c_ptr), value :: context, stream, e, c, bias, targets, lse, vocab_order, dloss, de, dc, dbias
+      type(c_ptr), value :: context, stream, e, c, bias, targets, lse, vocab_order, dloss, de, dc, dbias, extras
       integer(c_int), value :: device, dtype
       integer(c_int64_t), value :: n, v, d
       type(tlse_cross_entropy_options), intent(in) :: options
     end function
 
     integer(c_int) function tlse_cross_entropy_with_gradients(context, device, stream, dtype, n, v, d, e, c, bias, &
-        targets, dloss, loss, de, dc, dbias, options) bind(c, name="tlse_cross_entropy_with_gradients")
+        targets, dloss, loss, de, dc, dbias, extras, options) bind(c, name="tlse_cross_entropy_with_gradients")
       import :: c_int, c_int64_t, c_ptr, tlse_cross_entropy_options
-      type(c_ptr), value :: context, stream, e, c, bias, targets, dloss, loss, de, dc, dbias
+      type(c_ptr), value :: context, stream, e, c, bias, targets, dloss, loss, de, dc, dbias, extras
       integer(c_int), value :: device, dtype
       integer(c_int64_t), value :: n, v, d
       type(tlse_cross_entropy_options), intent(in) :: options
@@ -104,9 +114,10 @@ module tlse
     end function
 
     integer(c_int) function tlse_contrastive_backward(context, device, stream, dtype, b, c, images, texts, labels, &
-        row_lse, col_lse, dloss, dimages, dtexts, dscale, options) bind(c, name="tlse_contrastive_backward")
+        row_lse, col_lse, dloss, dimages, dtexts, dscale, extras, options) bind(c, name="tlse_contrastive_backward")
       import :: c_int, c_int64_t, c_ptr, tlse_contrastive_options
-      type(c_ptr), value :: context, stream, images, texts, labels, row_lse, col_lse, dloss, dimages, dtexts, dscale
+      type(c_ptr), value :: context, stream, images, texts, labels, row_lse, col_lse, dloss, dimages, dtexts, dscale, &
+          extras
       integer(c_int), value :: device, dtype
       integer(c_int64_t), value :: b, c
       type(tlse_contrastive_options), intent(in) :: options

@@ -78,13 +78,20 @@ def cross_entropy(rank, size, device, dtype, **options):
     targets = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(7))
     targets.view(-1)[::4] = -1
     with_bias = options.pop("bias", False)
+    # Class weights (each rank its shard), label smoothing, a z-loss built from the returned LSE
+    # (its gradient reaching the LSE) and the predicted tokens.
+    weighted = options.pop("weighted", False)
+    weight = torch.rand(V, generator=torch.Generator().manual_seed(8), dtype=torch.float64) + 0.5
+    if weighted:
+        options.update(weight=weight[shard].to(device), label_smoothing=0.1, return_predicted_tokens=True)
 
     mine = [e.to(dtype).to(device).requires_grad_(), c[shard].to(dtype).to(device).requires_grad_()]
     mine_bias = bias[shard].to(dtype).to(device).requires_grad_() if with_bias else None
-    loss, lse = td.linear_cross_entropy(mine[0], mine[1], targets.to(device), bias=mine_bias, ignore_index=-1,
-                                        return_lse=True, filter_eps=None, **options)
+    out = td.linear_cross_entropy(mine[0], mine[1], targets.to(device), bias=mine_bias, ignore_index=-1,
+                                  return_lse=True, filter_eps=None, **options)
+    loss, lse = out[0], out[1]
     upstream = torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype, device=device).view(loss.shape)
-    (loss * upstream).sum().backward()
+    ((loss * upstream).sum() + (0.01 * (lse ** 2).sum() if weighted else 0)).backward()
 
     ref_in = [x.to(dtype).double().requires_grad_() for x in (e, c, bias)]
     logits = ref_in[0] @ ref_in[1].T + (ref_in[2] if with_bias else 0)
@@ -95,12 +102,16 @@ def cross_entropy(rank, size, device, dtype, **options):
     t = torch.full_like(targets, -1)
     t[:, : 11 - shift] = targets[:, shift:]
     reduction = options.get("reduction", "mean")
-    ref = F.cross_entropy(logits.view(-1, V), t.view(-1), ignore_index=-1, reduction=reduction)
+    ref = F.cross_entropy(logits.view(-1, V), t.view(-1), ignore_index=-1, reduction=reduction,
+                          weight=weight if weighted else None, label_smoothing=0.1 if weighted else 0.0)
     ref_lse = torch.logsumexp(logits, -1) * (t != -1)
-    (ref.view(loss.shape) * upstream.double().cpu()).sum().backward()
+    ((ref.view(loss.shape) * upstream.double().cpu()).sum() + (0.01 * (ref_lse ** 2).sum() if weighted else 0)).backward()
     loss_tol, grad_tol = RTOL[dtype]
     close(loss, ref.view(loss.shape), loss_tol, "loss")
     close(lse, ref_lse, loss_tol, "lse")
+    if weighted:  # every rank holds the global argmax, -1 on ignored rows
+        expected = torch.where(t != -1, logits.detach().argmax(-1), torch.full_like(t, -1))
+        assert torch.equal(out.predicted_tokens.cpu(), expected), "predicted tokens"
     close(mine[0].grad, ref_in[0].grad, grad_tol, "d e")
     close(mine[1].grad, ref_in[1].grad[shard], grad_tol, "d c shard")
     if with_bias:
@@ -173,6 +184,8 @@ SCENARIOS = {
     "cross_entropy_f64_options": lambda r, s, d: cross_entropy(r, s, d, torch.float64, softcap=3.0, shift=1,
                                                                reduction="none", empty_rank=True),
     "cross_entropy_f64_sum": lambda r, s, d: cross_entropy(r, s, d, torch.float64, reduction="sum"),
+    "cross_entropy_f64_weights_smoothing_lse": lambda r, s, d: cross_entropy(r, s, d, torch.float64, bias=True,
+                                                                             weighted=True, empty_rank=True),
     "cross_entropy_f32": lambda r, s, d: cross_entropy(r, s, d, torch.float32, bias=True),
     "cross_entropy_f32_budget": lambda r, s, d: cross_entropy(r, s, d, torch.float32, memory_budget=1 << 20),
     "mismatched_features": mismatched_features,

@@ -26,7 +26,7 @@ def forward(options=None, device=L.DEVICE_HOST, dtype=L.F64, n=N, E="default", l
     loss = torch.full((), -1.0, dtype=torch.float64) if loss is None else loss
     status = L._lib.tlse_cross_entropy_forward(
         L.context(-1 if not L.device_available(L.DEVICE_CUDA) else torch.cuda.current_device()), device, None,
-        dtype, n, V, D, ptr(e) if E == "default" else E, ptr(c), None, ptr(targets), ptr(loss), None, None,
+        dtype, n, V, D, ptr(e) if E == "default" else E, ptr(c), None, ptr(targets), ptr(loss), None, None, None,
         None if options is None else ctypes.byref(options))
     return status, loss, e, c, targets
 

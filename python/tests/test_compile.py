@@ -35,8 +35,11 @@ def _cross_entropy_operands(device, dtype, with_bias, reduction):
     bias = randn(v, device=device, dtype=dtype, seed=2) if with_bias else None
     targets = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(3)).to(device)
     targets[::4] = -100
-    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0, 0)  # ..., filter_eps, memory_budget (0: default), precision
-    return e, c, bias, targets, options
+    # ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget (0: default), precision,
+    # label_smoothing
+    options = (-100, reduction, 0, 3.0, 1e-3, 0.0, 0, 0, 0.1)
+    weight = (torch.rand(v, generator=torch.Generator().manual_seed(4)) + 0.5).to(device)
+    return e, c, bias, targets, weight, options
 
 
 @needs_custom_ops
@@ -45,14 +48,19 @@ def _cross_entropy_operands(device, dtype, with_bias, reduction):
 @pytest.mark.parametrize("reduction, want_order, with_bias", [(2, False, True), (0, True, False)],
                          ids=["mean-bias", "none-order"])
 def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
-    e, c, bias, targets, options = _cross_entropy_operands(device, dtype, with_bias, reduction)
+    # With class weights, label smoothing and the argmax where the bias is given; a gradient of
+    # the LSE too.
+    e, c, bias, targets, weight, options = _cross_entropy_operands(device, dtype, with_bias, reduction)
+    weight = weight if with_bias else None
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_forward.default,
-                          (e, c, bias, targets, *options, want_order))
-    loss, lse, order = torch.ops.tiledlse.cross_entropy_forward(e, c, bias, targets, *options, want_order)
+                          (e, c, bias, targets, weight, *options, want_order, with_bias))
+    loss, lse, order, _predicted, _accuracy = torch.ops.tiledlse.cross_entropy_forward(
+        e, c, bias, targets, weight, *options, want_order, with_bias)
     bias = None if bias is None else bias.detach()
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_backward.default,
-                          (e.detach(), c.detach(), bias, targets, lse.detach(), order, torch.ones_like(loss).detach(),
-                           *options, True, False, True))
+                          (e.detach(), c.detach(), bias, targets, weight, lse.detach(), order,
+                           torch.ones_like(loss).detach(), torch.ones_like(lse).detach(), *options, True, False,
+                           True))
 
 
 @needs_custom_ops
@@ -60,9 +68,9 @@ def test_opcheck_cross_entropy(device, dtype, reduction, want_order, with_bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduction, with_bias", [(2, True), (1, False)], ids=["mean-bias", "sum"])
 def test_opcheck_cross_entropy_with_gradients(device, dtype, reduction, with_bias):
-    e, c, bias, targets, options = _cross_entropy_operands(device, dtype, with_bias, reduction)
+    e, c, bias, targets, weight, options = _cross_entropy_operands(device, dtype, with_bias, reduction)
     torch.library.opcheck(torch.ops.tiledlse.cross_entropy_with_gradients.default,
-                          (e, c, bias, targets, *options, True, True, with_bias))
+                          (e, c, bias, targets, weight if with_bias else None, *options, True, True, with_bias))
 
 
 @needs_custom_ops
@@ -167,3 +175,29 @@ def test_fused_step_compiles_fullgraph(device, upstream):
         for name, p, q in zip(("e", "c"), expected_grads, grads):
             err = (p - q).abs().max().item()
             assert err <= 1e-5 * (1 + p.abs().max().item()), "%s: gradient differs by %g" % (name, err)
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+def test_options_and_lse_gradient_compile_fullgraph(device):
+    """Class weights, label smoothing, the token accuracy and CCE's z-loss recipe (a loss built
+    from the returned LSE) in a compiled graph, against the same eager calls."""
+    def loss_of(e, c, targets, weight):
+        out = tiledlse.linear_cross_entropy(torch.tanh(e), c, targets, shift=1, filter_eps=None, weight=weight,
+                                            label_smoothing=0.1, return_lse=True, return_token_accuracy=True)
+        return out.loss + 1e-2 * (out.lse ** 2).mean(), out.token_accuracy
+    compiled = torch.compile(loss_of, fullgraph=True)
+    g = torch.Generator().manual_seed(5)
+    e, c = randn(3, 17, 24, device=device, seed=3), randn(97, 24, device=device, seed=8)
+    targets = torch.randint(0, 97, (3, 17), generator=g).to(device)
+    weight = (torch.rand(97, generator=g) + 0.5).to(device)
+    expected, expected_accuracy = loss_of(e, c, targets, weight)
+    expected_grads = torch.autograd.grad(expected, (e, c))
+    got, accuracy = compiled(e, c, targets, weight)
+    grads = torch.autograd.grad(got, (e, c))
+    assert abs(got.item() - expected.item()) <= 1e-5 * (1 + abs(expected.item()))
+    assert accuracy.item() == expected_accuracy.item()
+    for name, p, q in zip(("e", "c"), expected_grads, grads):
+        err = (p - q).abs().max().item()
+        assert err <= 1e-5 * (1 + p.abs().max().item()), "%s: gradient differs by %g" % (name, err)
+

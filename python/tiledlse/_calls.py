@@ -26,6 +26,7 @@ class CrossEntropyConfig(NamedTuple):
     filter_eps: float  # L.FILTER_EPS_AUTO, 0 (exact) or a value
     memory_budget: int = 0  # bytes of workspace a call may use; 0: the library's default
     precision: int = 0  # L.PRECISIONS value
+    label_smoothing: float = 0.0
 
 
 def acc_dtype(dtype):
@@ -84,7 +85,25 @@ def _cross_entropy_options(config):
     options.ignore_index, options.reduction, options.shift = config.ignore_index, config.reduction, config.shift
     options.softcap, options.z_loss, options.filter_eps = config.softcap, config.z_loss, config.filter_eps
     options.memory_budget, options.precision = config.memory_budget, config.precision
+    options.label_smoothing = config.label_smoothing
     return options
+
+
+def _extras(weight=None, dlse=None, predicted=None, accuracy=None):
+    """tlse_cross_entropy_extras for the given tensors, or None (NULL) when none is given."""
+    if weight is None and dlse is None and predicted is None and accuracy is None:
+        return None
+    return ctypes.byref(L.CrossEntropyExtras(*(None if t is None else t.data_ptr()
+                                               for t in (weight, dlse, predicted, accuracy))))
+
+
+def check_weight_values(weight):
+    """linear_cross_entropy's class weights are finite and >= 0 (read on the host: one sync)."""
+    bad = ~(torch.isfinite(weight) & (weight >= 0))
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0, 0])
+        raise ValueError("argument 'weight' has weight[%d] = %r; class weights must be finite and >= 0"
+                         % (j, float(weight[j])))
 
 
 def _loss_tensor(e, config):
@@ -116,56 +135,70 @@ def _cross_entropy_call(e, c, config):
     return ctx, device, stream, e.shape[0], c.shape[0], e.shape[1], DTYPES[e.dtype], _cross_entropy_options(config)
 
 
-def cross_entropy_forward(e, c, bias, targets, config, want_order, comm=None):
-    """(loss, lse, vocabulary order) of e (N, D), c (V, D); the order is (V) int32 when
-    want_order, else empty. With `comm` (a distributed._Communicator), c and bias are this
-    rank's shard."""
+def cross_entropy_forward(e, c, bias, targets, weight, config, want_order, want_argmax, comm=None):
+    """(loss, lse, vocabulary order, predicted, accuracy) of e (N, D), c (V, D) with class
+    weights `weight` (V, the accumulator dtype) or None: the order is (V) int32 when want_order,
+    predicted (N) int64 and accuracy 0-d when want_argmax, each else empty. With `comm` (a
+    distributed._Communicator), c, bias and weight are this rank's shard."""
     ctx, device, stream, n, v, d, dtype, options = _cross_entropy_call(e, c, config)
+    if weight is not None:
+        check_weight_values(weight)
     loss = _loss_tensor(e, config)
     lse = torch.empty((n,), dtype=loss.dtype, device=e.device)
     order = torch.empty((v if want_order else 0,), dtype=torch.int32, device=e.device)
+    predicted = torch.empty((n if want_argmax else 0,), dtype=torch.int64, device=e.device)
+    accuracy = torch.empty(() if want_argmax else (0,), dtype=loss.dtype, device=e.device)
+    extras = _extras(weight, None, predicted if want_argmax else None, accuracy if want_argmax else None)
     if comm is None:
         workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
                                     dtype, n, v, d)  # must live through the call below
         L.call("tlse_cross_entropy_forward", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
-               _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order) if want_order else None, ctypes.byref(options))
+               _ptr(targets), _ptr(loss), _ptr(lse), _ptr(order) if want_order else None, extras,
+               ctypes.byref(options))
     else:
         comm.call("tlse_cross_entropy_forward_distributed", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c),
-                  _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), ctypes.byref(options))
-    return loss, lse, order
+                  _ptr(bias), _ptr(targets), _ptr(loss), _ptr(lse), extras, ctypes.byref(options))
+    return loss, lse, order, predicted, accuracy
 
 
-def cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config, needs, comm=None):
-    """(dE, dC, dbias) for the upstream gradient dloss; `needs` says which of the three to
-    compute (the others are None). `order` is the forward's (empty: not sorted)."""
+def cross_entropy_backward(e, c, bias, targets, weight, lse, order, dloss, dlse, config, needs, comm=None):
+    """(dE, dC, dbias) for the upstream gradients dloss (of the loss) and dlse (of the forward's
+    LSE output, or None); `needs` says which of the three to compute (the others are None).
+    `order` is the forward's (empty: not sorted); weight as for the forward."""
     ctx, device, stream, n, v, d, dtype, options = _cross_entropy_call(e, c, config)
     dloss = dloss.to(lse.dtype).contiguous()
+    dlse = None if dlse is None else dlse.to(lse.dtype).contiguous()
     de, dc, dbias = _gradient_tensors(e, c, bias, needs)
     order = order if order is not None and order.numel() else None
+    extras = _extras(weight, dlse)
     if comm is None:
         workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream,
                                     dtype, n, v, d)  # must live through the call below
         L.call("tlse_cross_entropy_backward", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
-               _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
+               _ptr(targets), _ptr(lse), _ptr(order), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias), extras,
                ctypes.byref(options))
     else:
         comm.call("tlse_cross_entropy_backward_distributed", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c),
-                  _ptr(bias), _ptr(targets), _ptr(lse), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias),
+                  _ptr(bias), _ptr(targets), _ptr(lse), _ptr(dloss), _ptr(de), _ptr(dc), _ptr(dbias), extras,
                   ctypes.byref(options))
     return de, dc, dbias
 
 
-def cross_entropy_with_gradients(e, c, bias, targets, config, needs):
+def cross_entropy_with_gradients(e, c, bias, targets, weight, config, needs):
     """(loss, dE, dC, dbias) in one call, the gradients those of the loss's sum (dloss = 1 for
-    each entry), kept for the backward (times_upstream); `needs` as for cross_entropy_backward."""
+    each entry), kept for the backward (times_upstream); weight and `needs` as for
+    cross_entropy_backward."""
     ctx, device, stream, n, v, d, dtype, options = _cross_entropy_call(e, c, config)
+    if weight is not None:
+        check_weight_values(weight)
     loss = _loss_tensor(e, config)
     dloss = torch.ones_like(loss)
     de, dc, dbias = _gradient_tensors(e, c, bias, needs)
     workspace = _lend_workspace(options, e.device, "tlse_cross_entropy_workspace_bytes", ctx, device, stream, dtype,
                                 n, v, d)  # must live through the call below
     L.call("tlse_cross_entropy_with_gradients", ctx, device, stream, dtype, n, v, d, _ptr(e), _ptr(c), _ptr(bias),
-           _ptr(targets), _ptr(dloss), _ptr(loss), _ptr(de), _ptr(dc), _ptr(dbias), ctypes.byref(options))
+           _ptr(targets), _ptr(dloss), _ptr(loss), _ptr(de), _ptr(dc), _ptr(dbias), _extras(weight),
+           ctypes.byref(options))
     return loss, de, dc, dbias
 
 
@@ -270,7 +303,8 @@ def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, sy
         workspace = _lend_workspace(options, image.device, "tlse_contrastive_workspace_bytes", ctx, device, stream,
                                     dtype, b, c)  # must live through the call below
         L.call("tlse_contrastive_backward", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text), _ptr(labels),
-               _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale), ctypes.byref(options))
+               _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale), None,
+               ctypes.byref(options))
     else:
         comm.call("tlse_contrastive_backward_distributed", ctx, device, stream, dtype, b, c, _ptr(image), _ptr(text),
                   _ptr(labels), _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale),

@@ -2,6 +2,8 @@
 custom ops (_ops.py: torch.compile traces them); with older torch (Debian's 1.13) through the
 torch.autograd.Function classes below, which tiledlse.distributed also uses (its communicator
 is a Python object, which a custom op cannot take)."""
+from typing import NamedTuple, Optional
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -71,9 +73,19 @@ def _filter_eps(filter_eps):
     return _number("filter_eps", filter_eps)
 
 
+class CrossEntropyOutput(NamedTuple):
+    """linear_cross_entropy's results when the token accuracy or the predicted tokens are asked
+    for (Liger-Kernel's CrossEntropyOutput fields); each is None when not asked for."""
+    loss: torch.Tensor
+    lse: Optional[torch.Tensor] = None
+    token_accuracy: Optional[torch.Tensor] = None
+    predicted_tokens: Optional[torch.Tensor] = None
+
+
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
                          return_lse=False, filter_eps="auto", z_loss=0.0, memory_budget=None, fused_step=None,
-                         precision="exact"):
+                         precision="exact", weight=None, label_smoothing=0.0, return_token_accuracy=False,
+                         return_predicted_tokens=False):
     """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets`` without forming them.
 
     e: (..., D) embeddings; c: (V, D) classifier, same dtype and device (float32, float64,
@@ -81,59 +93,107 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     [0, V) or ignore_index; bias: (V) or None. softcap: logits become softcap*tanh(logit/softcap).
     shift: position t is scored against targets[..., t + shift] (next-token prediction without
     slicing); the last `shift` positions of each sequence are ignored. reduction: "mean" (over
-    the rows not ignored), "sum" or "none" (shape e.shape[:-1]). filter_eps: gradient filter of
-    the backward ("auto": eps(dtype)/32 as CCE; None or 0: exact). z_loss adds z_loss * lse^2.
-    memory_budget: bytes of workspace a call may use, each picking the fastest algorithm that
-    fits (None: the library's default, 256 MiB; docs/options.md). Returns the loss (float32,
-    float64 for float64 inputs), and the per-row LSE (shape e.shape[:-1], no gradient, 0 for
-    ignored rows) when return_lse.
+    the rows not ignored, or their total weight), "sum" or "none" (shape e.shape[:-1]). weight:
+    (V) class weights (floating, on e's device, finite and >= 0), and label_smoothing in [0, 1],
+    both as F.cross_entropy defines them. filter_eps: gradient filter of the backward ("auto":
+    eps(dtype)/32 as CCE; None or 0: exact). z_loss adds z_loss * lse^2 (under "mean" divided by
+    the number of rows not ignored, as Liger-Kernel's lse_square_scale). memory_budget: bytes of
+    workspace a call may use, each picking the fastest algorithm that fits (None: the library's
+    default, 256 MiB; docs/options.md).
+
+    Returns the loss (float32, float64 for float64 inputs). With return_lse, (loss, lse): the
+    per-row LSE (shape e.shape[:-1], 0 for ignored rows), which carries its gradient (a loss
+    built from it, e.g. CCE's z-loss recipe, trains). With return_token_accuracy or
+    return_predicted_tokens, a CrossEntropyOutput (loss, lse, token_accuracy, predicted_tokens),
+    the fields not asked for None: predicted_tokens (int64, e.shape[:-1]) each row's argmax
+    class (ties: the lowest id), -1 for ignored rows; token_accuracy the fraction of rows not
+    ignored predicted right (0-d; per row, 1.0 or 0.0, under reduction "none"), both from the
+    forward's tiles.
     fused_step: compute the gradients in the forward, in one call with the loss (on Hopper GPUs,
     bf16 or fp16, within a large memory_budget: 3 matrix products instead of 4; within the default one,
     3 for a part of the classes), and keep them until the backward. None (auto): when the step
     runs fused there (a Hopper GPU and a memory_budget that holds the logits of a chunk of rows
     or the backward's buffers; the library is asked), gradients of e or c will be
-    needed, bias needs none, the reduction is "mean" or "sum" and return_lse is False, outside
-    torch.compile; True: whenever gradients will be needed (a bias gradient too); False: never
-    (the forward, then the backward). precision: "exact" (default) or "tf32": for float32 inputs on
-    GPUs with TF32 tensor cores, products of operands rounded to TF32 (11 significant bits),
-    several times faster; no effect on the other dtypes or on the CPU. docs/python.md.
+    needed, bias needs none, the reduction is "mean" or "sum", and neither the LSE nor the
+    accuracy or predicted tokens are returned, outside torch.compile; True: whenever gradients
+    will be needed (a bias gradient too); False: never (the forward, then the backward).
+    precision: "exact" (default) or "tf32": for float32 inputs on GPUs with TF32 tensor cores,
+    products of operands rounded to TF32 (11 significant bits), several times faster; no effect
+    on the other dtypes or on the CPU. docs/python.md maps the arguments of F.cross_entropy,
+    CCE's and Liger-Kernel's calls to these.
     """
-    e2, targets, config, batch_shape = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap,
-                                                                 reduction, shift, filter_eps, z_loss, memory_budget,
-                                                                 precision)
+    e2, targets, config, batch_shape, weight = _cross_entropy_arguments(
+        e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss, memory_budget, precision,
+        weight, label_smoothing)
+    want_argmax = _flag("return_token_accuracy", return_token_accuracy) or _flag("return_predicted_tokens",
+                                                                                return_predicted_tokens)
     grad = torch.is_grad_enabled()
     needs = (grad and e.requires_grad, grad and c.requires_grad, grad and bias is not None and bias.requires_grad)
     # The step gives a reduced loss without LSE: nothing to reshape.
-    if _fused_step(fused_step, needs, reduction, return_lse, e2, c, config):
+    if _fused_step(fused_step, needs, reduction, return_lse or want_argmax, e2, c, config):
         if CUSTOM_OPS:
-            return torch.ops.tiledlse.cross_entropy_with_gradients(e2, c, bias, targets, *config, *needs)[0]
-        return _LinearCrossEntropyStep.apply(e2, c, bias, targets, config, needs)
+            return torch.ops.tiledlse.cross_entropy_with_gradients(e2, c, bias, targets, weight, *config, *needs)[0]
+        return _LinearCrossEntropyStep.apply(e2, c, bias, targets, weight, config, needs)
     # Sorting the vocabulary (forward) lets the backward's filter skip whole tiles of unlikely
-    # classes; it costs a host sort of V entries, worth it only when filtering and training.
+    # classes; it costs a sort of V entries, worth it only when filtering and training.
     want_order = config.filter_eps != 0 and (needs[0] or needs[1])
     if CUSTOM_OPS:
-        loss, lse, _order = torch.ops.tiledlse.cross_entropy_forward(e2, c, bias, targets, *config, want_order)
-        lse = lse.detach()  # as the autograd.Function path: the LSE carries no gradient
+        loss, lse, _order, predicted, accuracy = torch.ops.tiledlse.cross_entropy_forward(
+            e2, c, bias, targets, weight, *config, want_order, want_argmax)
     else:
-        loss, lse = _LinearCrossEntropy.apply(e2, c, bias, targets, config, want_order)
-    return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
+        loss, lse, predicted, accuracy = _LinearCrossEntropy.apply(e2, c, bias, targets, weight, config, want_order,
+                                                                   want_argmax)
+    return _cross_entropy_results(loss, lse, predicted, accuracy, targets, config, batch_shape, return_lse,
+                                  return_token_accuracy, return_predicted_tokens)
 
 
-def _fused_step(fused_step, needs, reduction, return_lse, e, c, config):
+def _cross_entropy_results(loss, lse, predicted, accuracy, targets, config, batch_shape, return_lse,
+                           return_token_accuracy, return_predicted_tokens):
+    """What linear_cross_entropy returns, from the flat results of its call, in the batch's shape."""
+    if config.reduction == L.REDUCTIONS["none"]:
+        loss = loss.view(batch_shape)
+    lse = lse.view(batch_shape)
+    if not (return_token_accuracy or return_predicted_tokens):
+        return (loss, lse) if return_lse else loss
+    predicted = predicted.view(batch_shape)
+    if config.reduction == L.REDUCTIONS["none"]:  # per row, as Liger-Kernel: 1.0 where predicted right
+        accuracy = ((predicted >= 0) & (predicted == _row_targets(targets, config).view(batch_shape))).to(loss.dtype)
+    return CrossEntropyOutput(loss, lse if return_lse else None, accuracy if return_token_accuracy else None,
+                              predicted if return_predicted_tokens else None)
+
+
+def _row_targets(targets, config):
+    """The target each flat row is scored against (targets shifted by config.shift; -1 past the end)."""
+    if config.shift == 0:
+        return targets
+    rows = torch.full_like(targets, -1)
+    rows[: max(targets.shape[0] - config.shift, 0)] = targets[config.shift:]
+    return rows
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError("argument '%s' must be True or False, got %r" % (name, value))
+    return value
+
+
+def _fused_step(fused_step, needs, reduction, per_row_outputs, e, c, config):
     """Whether linear_cross_entropy runs the training step in one call; `needs`: which of e, c
-    and bias need a gradient."""
+    and bias need a gradient; per_row_outputs: the LSE, the accuracy or the predicted tokens are
+    asked for."""
     if fused_step is None:
         # Only where the library runs it fused: elsewhere it is the pair inside one call, with no
         # time saved, and gradients held from the forward (wasted if no backward runs). A graph
         # being traced takes the pair: the answer depends on the shapes, which may be symbolic
         # there, and a call into the library cannot be put in the graph.
-        return ((needs[0] or needs[1]) and reduction != "none" and not return_lse and not _tracing()
+        return ((needs[0] or needs[1]) and reduction != "none" and not per_row_outputs and not _tracing()
                 and _calls.step_fuses(e, c, config, needs[2]))
     if not isinstance(fused_step, bool):
         raise TypeError("argument 'fused_step' must be None, True or False, got %r" % (fused_step,))
-    if fused_step and (reduction == "none" or return_lse):
+    if fused_step and (reduction == "none" or per_row_outputs):
         raise ValueError("argument 'fused_step' is True, but the step in one call cannot give %s" % (
-            "the LSE (return_lse=True)" if return_lse else
+            "the LSE, the token accuracy or the predicted tokens (their gradient, or the argmax, is not kept)"
+            if per_row_outputs else
             "per-row losses (reduction='none'): their upstream gradients are known only in the backward"))
     return fused_step and any(needs)
 
@@ -145,9 +205,9 @@ def _tracing():
 
 
 def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift, filter_eps, z_loss,
-                             memory_budget=None, precision="exact"):
+                             memory_budget=None, precision="exact", weight=None, label_smoothing=0.0):
     """Checks linear_cross_entropy's arguments; returns (e as (N, D), targets as (N), the
-    CrossEntropyConfig, the batch shape)."""
+    CrossEntropyConfig, the batch shape, the class weights in the accumulator dtype or None)."""
     _check_tensor("e", e)
     if e.dim() < 1:
         raise ValueError("argument 'e' must have shape (..., D), got a 0-d tensor")
@@ -164,12 +224,26 @@ def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reducti
         _check_tensor("bias", bias, like=e, like_name="e", ndim=1)
         if bias.shape[0] != c.shape[0]:
             raise ValueError("argument 'bias' has %d entries but 'c' has V = %d rows" % (bias.shape[0], c.shape[0]))
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError("argument 'weight' must be a torch.Tensor or None, got %s" % type(weight).__name__)
+        if not weight.is_floating_point():
+            raise TypeError("argument 'weight' must have a floating-point dtype, got %s" % weight.dtype)
+        if weight.device != e.device:
+            raise ValueError("argument 'weight' is on %s but 'e' is on %s" % (weight.device, e.device))
+        if tuple(weight.shape) != (c.shape[0],):
+            raise ValueError("argument 'weight' has shape %s but 'c' has V = %d rows; weight must have shape (V,)"
+                             % (tuple(weight.shape), c.shape[0]))
+        weight = weight.detach().to(_calls.acc_dtype(e.dtype)).contiguous()  # V values: a copy only if needed
     if reduction not in L.REDUCTIONS:
         raise ValueError("argument 'reduction' must be 'mean', 'sum' or 'none', got %r" % (reduction,))
     if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
         raise ValueError("argument 'shift' must be an int >= 0, got %r" % (shift,))
     if not isinstance(ignore_index, int):
         raise TypeError("argument 'ignore_index' must be an int, got %r" % (ignore_index,))
+    label_smoothing = _number("label_smoothing", label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError("argument 'label_smoothing' must be in [0, 1], got %r" % (label_smoothing,))
 
     batch_shape = e.shape[:-1]
     if shift and targets.dim() > 1:
@@ -180,37 +254,37 @@ def _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reducti
         targets, shift = shifted, 0
     config = CrossEntropyConfig(ignore_index, L.REDUCTIONS[reduction], shift,
                                 0.0 if softcap is None else _number("softcap", softcap), _number("z_loss", z_loss),
-                                _filter_eps(filter_eps), _memory_budget(memory_budget), _precision(precision))
-    return e.reshape(-1, e.shape[-1]), targets.reshape(-1), config, batch_shape
-
-
-def _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse):
-    """The flat results in the batch's shape."""
-    if reduction == "none":
-        loss = loss.view(batch_shape)
-    lse = lse.view(batch_shape)
-    return (loss, lse) if return_lse else loss
+                                _filter_eps(filter_eps), _memory_budget(memory_budget), _precision(precision),
+                                label_smoothing)
+    return e.reshape(-1, e.shape[-1]), targets.reshape(-1), config, batch_shape, weight
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """One device, or vocabulary-parallel when `comm` (a distributed._Communicator) is given:
-    then c and bias are this rank's shard, and the calls are the C API's *_distributed ones."""
+    then c, bias and weight are this rank's shard, and the calls are the C API's *_distributed
+    ones. The LSE output carries its gradient; predicted and accuracy none."""
 
     @staticmethod
-    def forward(ctx, e, c, bias, targets, config, want_order, comm=None):
-        loss, lse, order = _calls.cross_entropy_forward(e, c, bias, targets, config, want_order, comm)
-        ctx.save_for_backward(e, c, bias, targets, lse, order)
+    def forward(ctx, e, c, bias, targets, weight, config, want_order, want_argmax, comm=None):
+        loss, lse, order, predicted, accuracy = _calls.cross_entropy_forward(e, c, bias, targets, weight, config,
+                                                                             want_order, want_argmax, comm)
+        ctx.save_for_backward(e, c, bias, targets, weight, lse, order)
         ctx.config, ctx.comm = config, comm
-        ctx.mark_non_differentiable(lse)
-        return loss, lse
+        ctx.mark_non_differentiable(predicted, accuracy)
+        ctx.set_materialize_grads(False)
+        return loss, lse, predicted, accuracy
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: double backward raises
-    def backward(ctx, grad_loss, _grad_lse):
-        e, c, bias, targets, lse, order = ctx.saved_tensors
-        de, dc, dbias = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, grad_loss, ctx.config,
-                                                      ctx.needs_input_grad[:3], ctx.comm)
-        return de, dc, dbias, None, None, None, None
+    def backward(ctx, grad_loss, grad_lse, _grad_predicted, _grad_accuracy):
+        e, c, bias, targets, weight, lse, order = ctx.saved_tensors
+        if grad_loss is None and grad_lse is None:
+            return (None,) * 9
+        if grad_loss is None:  # only the LSE reaches the loss
+            grad_loss = lse.new_zeros((e.shape[0],) if ctx.config.reduction == L.REDUCTIONS["none"] else ())
+        de, dc, dbias = _calls.cross_entropy_backward(e, c, bias, targets, weight, lse, order, grad_loss, grad_lse,
+                                                      ctx.config, ctx.needs_input_grad[:3], ctx.comm)
+        return de, dc, dbias, None, None, None, None, None, None
 
 
 class _LinearCrossEntropyStep(torch.autograd.Function):
@@ -218,15 +292,15 @@ class _LinearCrossEntropyStep(torch.autograd.Function):
     upstream gradient of 1) with the loss and keeps them; the backward scales them."""
 
     @staticmethod
-    def forward(ctx, e, c, bias, targets, config, needs):
-        loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, config, needs)
+    def forward(ctx, e, c, bias, targets, weight, config, needs):
+        loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, weight, config, needs)
         ctx.save_for_backward(*grads)
         return loss
 
     @staticmethod
     @once_differentiable  # the gradients were computed in the forward: nothing to differentiate them with
     def backward(ctx, grad_loss):
-        return (*_calls.times_upstream(grad_loss, ctx.saved_tensors), None, None, None)
+        return (*_calls.times_upstream(grad_loss, ctx.saved_tensors), None, None, None, None)
 
 
 class _ContrastiveLoss(torch.autograd.Function):

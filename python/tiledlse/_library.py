@@ -37,6 +37,17 @@ class CrossEntropyOptions(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)
+        ("label_smoothing", ctypes.c_double),
+    ]
+
+
+class CrossEntropyExtras(ctypes.Structure):
+    """tlse_cross_entropy_extras: the calls' optional arrays (device pointers or None)."""
+    _fields_ = [
+        ("class_weight", ctypes.c_void_p),
+        ("dlse", ctypes.c_void_p),
+        ("predicted", ctypes.c_void_p),
+        ("accuracy", ctypes.c_void_p),
     ]
 
 
@@ -135,17 +146,17 @@ _signatures = {
     "tlse_cross_entropy_forward": (
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p,
-         ctypes.POINTER(CrossEntropyOptions)],
+         ctypes.POINTER(CrossEntropyExtras), ctypes.POINTER(CrossEntropyOptions)],
     ),
     "tlse_cross_entropy_backward": (
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
-         ctypes.POINTER(CrossEntropyOptions)],
+         ctypes.POINTER(CrossEntropyExtras), ctypes.POINTER(CrossEntropyOptions)],
     ),
     "tlse_cross_entropy_with_gradients": (
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p,
-         ctypes.POINTER(CrossEntropyOptions)],
+         ctypes.POINTER(CrossEntropyExtras), ctypes.POINTER(CrossEntropyOptions)],
     ),
     "tlse_contrastive_workspace_bytes": (
         _status,
@@ -159,7 +170,7 @@ _signatures = {
     ),
     "tlse_contrastive_backward": (
         _status,
-        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
          ctypes.POINTER(ContrastiveOptions)],
     ),
     "tlse_self_contrastive_workspace_bytes": (
@@ -178,12 +189,12 @@ _signatures = {
     "tlse_cross_entropy_forward_distributed": (
         _status,
         [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p,
-         _p, ctypes.POINTER(CrossEntropyOptions)],
+         _p, ctypes.POINTER(CrossEntropyExtras), ctypes.POINTER(CrossEntropyOptions)],
     ),
     "tlse_cross_entropy_backward_distributed": (
         _status,
         [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p,
-         _p, _p, _p, _p, ctypes.POINTER(CrossEntropyOptions)],
+         _p, _p, _p, _p, ctypes.POINTER(CrossEntropyExtras), ctypes.POINTER(CrossEntropyOptions)],
     ),
     "tlse_contrastive_forward_distributed": (
         _status,

@@ -23,37 +23,45 @@ from . import _library as L
 _NONE = L.REDUCTIONS["none"]
 
 
-def _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision):
+def _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision, label_smoothing):
     return _calls.CrossEntropyConfig(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget,
-                                     precision)
+                                     precision, label_smoothing)
 
 
 @torch.library.custom_op("tiledlse::cross_entropy_forward", mutates_args=())
-def cross_entropy_forward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, ignore_index: int,
-                          reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
-                          memory_budget: int, precision: int, want_order: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """(loss, lse, vocabulary order) of e (N, D) against c (V, D); see _calls.cross_entropy_forward."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision)
-    return _calls.cross_entropy_forward(e, c, bias, targets, config, want_order)
+def cross_entropy_forward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, weight: Optional[Tensor],
+                          ignore_index: int, reduction: int, shift: int, softcap: float, z_loss: float,
+                          filter_eps: float, memory_budget: int, precision: int, label_smoothing: float,
+                          want_order: bool, want_argmax: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, lse, vocabulary order, predicted, accuracy) of e (N, D) against c (V, D); see
+    _calls.cross_entropy_forward."""
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
+                     label_smoothing)
+    return _calls.cross_entropy_forward(e, c, bias, targets, weight, config, want_order, want_argmax)
 
 
 @cross_entropy_forward.register_fake
-def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
-      want_order):
+def _(e, c, bias, targets, weight, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget,
+      precision, label_smoothing, want_order, want_argmax):
     acc = _calls.acc_dtype(e.dtype)
     n, v = e.shape[0], c.shape[0]
     loss = e.new_empty((n,) if reduction == _NONE else (), dtype=acc)
-    return loss, e.new_empty((n,), dtype=acc), e.new_empty((v if want_order else 0,), dtype=torch.int32)
+    return (loss, e.new_empty((n,), dtype=acc), e.new_empty((v if want_order else 0,), dtype=torch.int32),
+            e.new_empty((n if want_argmax else 0,), dtype=torch.int64),
+            e.new_empty(() if want_argmax else (0,), dtype=acc))
 
 
 @torch.library.custom_op("tiledlse::cross_entropy_backward", mutates_args=())
-def cross_entropy_backward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, lse: Tensor,
-                           order: Tensor, dloss: Tensor, ignore_index: int, reduction: int, shift: int,
-                           softcap: float, z_loss: float, filter_eps: float, memory_budget: int, precision: int,
-                           need_e: bool, need_c: bool, need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dE, dC, dbias); a gradient not asked for (or dbias without bias) is an empty tensor."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision)
-    grads = _calls.cross_entropy_backward(e, c, bias, targets, lse, order, dloss, config,
+def cross_entropy_backward(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, weight: Optional[Tensor],
+                           lse: Tensor, order: Tensor, dloss: Tensor, dlse: Optional[Tensor], ignore_index: int,
+                           reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
+                           memory_budget: int, precision: int, label_smoothing: float, need_e: bool, need_c: bool,
+                           need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dE, dC, dbias) for the upstream gradients of the loss and (dlse, or None) of the LSE; a
+    gradient not asked for (or dbias without bias) is an empty tensor."""
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
+                     label_smoothing)
+    grads = _calls.cross_entropy_backward(e, c, bias, targets, weight, lse, order, dloss, dlse, config,
                                           (need_e, need_c, need_bias))
     return _present(e, grads)
 
@@ -77,23 +85,30 @@ def _fake_gradients(e, c, bias, need_e, need_c, need_bias):
 
 
 @cross_entropy_backward.register_fake
-def _(e, c, bias, targets, lse, order, dloss, ignore_index, reduction, shift, softcap, z_loss, filter_eps,
-      memory_budget, precision, need_e, need_c, need_bias):
+def _(e, c, bias, targets, weight, lse, order, dloss, dlse, ignore_index, reduction, shift, softcap, z_loss,
+      filter_eps, memory_budget, precision, label_smoothing, need_e, need_c, need_bias):
     return _fake_gradients(e, c, bias, need_e, need_c, need_bias)
 
 
 def _cross_entropy_setup(ctx, inputs, output):
-    e, c, bias, targets, *options, _want_order = inputs
-    _loss, lse, order = output
-    ctx.save_for_backward(e, c, bias, targets, lse, order)
-    ctx.options = options
+    e, c, bias, targets, weight, *options, _want_order, _want_argmax = inputs
+    loss, lse, order, _predicted, _accuracy = output
+    ctx.save_for_backward(e, c, bias, targets, weight, lse, order)
+    ctx.options, ctx.loss_shape = options, loss.shape
+    # Either output may be left out of the loss (the LSE usually is): no zeros are made for it.
+    ctx.set_materialize_grads(False)
 
 
-def _cross_entropy_gradient(ctx, grad_loss, _grad_lse, _grad_order):
-    e, c, bias, targets, lse, order = ctx.saved_tensors
+def _cross_entropy_gradient(ctx, grad_loss, grad_lse, _grad_order, _grad_predicted, _grad_accuracy):
+    e, c, bias, targets, weight, lse, order = ctx.saved_tensors
+    if grad_loss is None and grad_lse is None:
+        return _input_gradients(ctx)
+    if grad_loss is None:  # only the LSE reaches the loss
+        grad_loss = lse.new_zeros(ctx.loss_shape)
     need = ctx.needs_input_grad
     de, dc, dbias = torch.ops.tiledlse.cross_entropy_backward(
-        e, c, bias, targets, lse, order, grad_loss, *ctx.options, need[0], need[1], bias is not None and need[2])
+        e, c, bias, targets, weight, lse, order, grad_loss, grad_lse, *ctx.options, need[0], need[1],
+        bias is not None and need[2])
     return _input_gradients(ctx, de, dc, dbias)
 
 
@@ -101,20 +116,23 @@ cross_entropy_forward.register_autograd(_cross_entropy_gradient, setup_context=_
 
 
 @torch.library.custom_op("tiledlse::cross_entropy_with_gradients", mutates_args=())
-def cross_entropy_with_gradients(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor, ignore_index: int,
-                                 reduction: int, shift: int, softcap: float, z_loss: float, filter_eps: float,
-                                 memory_budget: int, precision: int, need_e: bool, need_c: bool,
+def cross_entropy_with_gradients(e: Tensor, c: Tensor, bias: Optional[Tensor], targets: Tensor,
+                                 weight: Optional[Tensor], ignore_index: int, reduction: int, shift: int,
+                                 softcap: float, z_loss: float, filter_eps: float, memory_budget: int, precision: int,
+                                 label_smoothing: float, need_e: bool, need_c: bool,
                                  need_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, dE, dC, dbias), the gradients those of the loss's sum, each not asked for empty;
     see _calls.cross_entropy_with_gradients."""
-    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision)
-    loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, config, (need_e, need_c, need_bias))
+    config = _config(ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
+                     label_smoothing)
+    loss, *grads = _calls.cross_entropy_with_gradients(e, c, bias, targets, weight, config,
+                                                       (need_e, need_c, need_bias))
     return (loss, *_present(e, grads))
 
 
 @cross_entropy_with_gradients.register_fake
-def _(e, c, bias, targets, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget, precision,
-      need_e, need_c, need_bias):
+def _(e, c, bias, targets, weight, ignore_index, reduction, shift, softcap, z_loss, filter_eps, memory_budget,
+      precision, label_smoothing, need_e, need_c, need_bias):
     loss = e.new_empty((e.shape[0],) if reduction == _NONE else (), dtype=_calls.acc_dtype(e.dtype))
     return (loss, *_fake_gradients(e, c, bias, need_e, need_c, need_bias))
 
@@ -126,7 +144,7 @@ def _step_setup(ctx, inputs, output):
     ctx.computed = (need_e, need_c, inputs[2] is not None and need_bias)
     # The gradients are outputs only to reach the backward; nothing flows into them. Left to
     # materialize, autograd would fill a zero tensor the size of each for the backward: a pass of
-    # dC's size per step (1 GiB at V=128256 D=4096 in bf16, 0.33 ms on an H200) and that memory.
+    # dC's size per step and that memory (docs/notes/2026-11-29.md).
     ctx.set_materialize_grads(False)
 
 

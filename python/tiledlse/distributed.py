@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import _library as L
 from ._calls import launch, scale_value
 from ._functions import (_ContrastiveLoss, _LinearCrossEntropy, _contrastive_arguments, _cross_entropy_arguments,
-                         _cross_entropy_outputs, _memory_budget, _precision)
+                         _cross_entropy_results, _flag, _memory_budget, _precision)
 
 __all__ = ["contrastive_loss", "linear_cross_entropy"]
 
@@ -199,25 +199,32 @@ def contrastive_loss(image, text, scale, labels=None, symmetric=True, group=None
 
 def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=None, reduction="mean", shift=0,
                          return_lse=False, filter_eps="auto", z_loss=0.0, group=None, memory_budget=None,
-                         precision="exact"):
+                         precision="exact", weight=None, label_smoothing=0.0, return_token_accuracy=False,
+                         return_predicted_tokens=False):
     """Vocabulary-parallel tiledlse.linear_cross_entropy over the ranks of `group` (default: the
     default process group).
 
     e (..., D) and targets (global class ids or ignore_index) are the same on every rank; c
-    (V_r, D) and bias (V_r) are this rank's shard of the classifier: classes [sum of the previous
-    ranks' V_q, + V_r) in rank order (V_r may differ by rank). Options as the single-device call;
-    filter_eps applies per shard; memory_budget bounds the workspace of this rank's backward over
-    its shard (it may differ by rank). The loss and LSE are the global ones, the same on every
-    rank; e's gradient is the full one (the same on every rank), c's and bias' this rank's shard.
+    (V_r, D), bias (V_r) and weight (V_r) are this rank's shard of the classifier and of the class
+    weights: classes [sum of the previous ranks' V_q, + V_r) in rank order (V_r may differ by
+    rank). Options as the single-device call; filter_eps applies per shard; memory_budget bounds
+    the workspace of this rank's backward over its shard (it may differ by rank). The loss, LSE,
+    token accuracy and predicted tokens (global class ids) are the global ones, the same on
+    every rank; e's gradient is the full one (the same on every rank), c's and bias' this rank's
+    shard. The LSE carries its gradient, which every rank must pass the same.
     """
     comm = _Communicator(group)
+    want_argmax = _flag("return_token_accuracy", return_token_accuracy) or _flag("return_predicted_tokens",
+                                                                                return_predicted_tokens)
 
     def checks():
         arguments = _cross_entropy_arguments(e, c, targets, bias, ignore_index, softcap, reduction, shift,
-                                             filter_eps, z_loss, memory_budget, precision)
+                                             filter_eps, z_loss, memory_budget, precision, weight, label_smoothing)
         comm.check_device("e", e)
         launch("e", e)
         return arguments
-    e2, flat_targets, config, batch_shape = comm.agree(checks)
-    loss, lse = _LinearCrossEntropy.apply(e2, c, bias, flat_targets, config, False, comm)
-    return _cross_entropy_outputs(loss, lse, reduction, batch_shape, return_lse)
+    e2, flat_targets, config, batch_shape, flat_weight = comm.agree(checks)
+    loss, lse, predicted, accuracy = _LinearCrossEntropy.apply(e2, c, bias, flat_targets, flat_weight, config, False,
+                                                               want_argmax, comm)
+    return _cross_entropy_results(loss, lse, predicted, accuracy, flat_targets, config, batch_shape, return_lse,
+                                  return_token_accuracy, return_predicted_tokens)
