@@ -11,9 +11,11 @@
 #    Python path (no TILEDLSE_LIBRARY).
 # 2. Runs every Python test against it, CPU and CUDA tensors: test_tiledlse, test_c_api (the
 #    no-GPU case in a child with CUDA_VISIBLE_DEVICES=), test_compile (torch.library.opcheck,
-#    a model compiled with fullgraph=True), test_transformers (Llama and Gemma 2 against the
-#    model's loss; the peak memory of a step at V = 128256, printed), test_distributed (gloo;
-#    NCCL with 2 GPUs or more).
+#    a model compiled with fullgraph=True), test_transformers (Llama, Gemma 2 and Qwen 2 against
+#    the model's loss; the peak memory of a step at V = 128256, printed),
+#    test_transformers_trainer (tiledlse.transformers.apply: Trainer for 20 steps, patched against
+#    unpatched, bf16 on CUDA at V = 128256; the peak memory of both runs, printed; needs
+#    accelerate), test_distributed (gloo; NCCL with 2 GPUs or more).
 # 3. The tool where no GPU is usable (CUDA_VISIBLE_DEVICES=): one line, exit status 1.
 # Exit status: 0 when all passed. Environment: TLSE_CARRY (default build-cuda/carry), PYTHON
 # (default python3).

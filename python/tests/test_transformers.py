@@ -1,5 +1,5 @@
 """tiledlse.causal_lm_loss against the model's own loss, on small randomly initialized
-Transformers models (Llama; Gemma 2 for the final-logit soft cap): the loss and every
+Transformers models (Llama; Gemma 2 for the final-logit soft cap; Qwen 2): the loss and every
 parameter's gradient, in float32 and bfloat16, with padding (-100 labels and an attention mask),
 and with Trainer's num_items_in_batch. On CPU, and on CUDA where the library and torch have it.
 Skipped without transformers (CI's Debian has none; the GPU machine has it).
@@ -39,9 +39,12 @@ def small_model(kind, vocab, dtype, device, hidden=64, layers=2):
     if kind == "llama":
         config = transformers.LlamaConfig(**common)
         model_class = transformers.LlamaForCausalLM
-    else:  # Gemma 2: final_logit_softcapping (30 by default), tied embeddings
+    elif kind == "gemma2":  # final_logit_softcapping (30 by default), tied embeddings
         config = transformers.Gemma2Config(**dict(common, head_dim=16, tie_word_embeddings=True))
         model_class = transformers.Gemma2ForCausalLM
+    else:  # Qwen 2: biases on the attention's q, k, v projections
+        config = transformers.Qwen2Config(**common)
+        model_class = transformers.Qwen2ForCausalLM
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return model_class(config).to(device=device, dtype=dtype)
@@ -76,7 +79,7 @@ def assert_close(got, ref, rtol, what):
 @needs_transformers
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen2"])
 @pytest.mark.parametrize("items", [None, 50], ids=["mean", "num_items_in_batch"])
 def test_matches_the_model_loss(device, dtype, kind, items):
     vocab = 503

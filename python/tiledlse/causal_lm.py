@@ -5,13 +5,85 @@ upcast to float32 for the loss), optionally soft-capped, then the cross-entropy 
 against the next token. causal_lm_loss runs the model's decoder only and gives its last hidden
 states and `lm_head.weight` to tiledlse.linear_cross_entropy, with the same shift, ignore index,
 soft cap and reduction: the same loss and gradients, and no logits in memory. Nothing here
-imports transformers; the model is used through its public attributes (docs/python.md).
+imports transformers at import time; the model is used through its public attributes
+(docs/python.md). tiledlse.transformers.apply builds on the same two helpers below.
 """
+import torch
+
 from ._functions import linear_cross_entropy
 
-# Config attributes by which some architectures scale their logits before the loss; the loss here
-# does not apply them, so such a model is refused instead of trained on a different loss.
-_UNSUPPORTED_LOGIT_SCALES = ("logit_scale", "logits_scaling")
+# Config attributes by which some architectures scale their logits before the loss (Cohere's
+# logit_scale, Granite's and MiniCPM3's logits_scaling, Falcon-H1's lm_head_multiplier, ...); the
+# loss here does not apply them, so such a model is refused instead of trained on a different loss.
+_UNSUPPORTED_LOGIT_SCALES = ("logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier",
+                             "output_logit_soft_cap")
+
+
+def check_supported(model, caller):
+    """Raises ValueError, naming the attribute, when the loss computed here would not be the
+    model's own: scaled logits, a mixture-of-experts router loss added to it, a loss other than
+    Transformers' causal-LM cross-entropy, or no separate decoder and linear head."""
+    name, config = type(model).__name__, model.config
+    for attr in _UNSUPPORTED_LOGIT_SCALES:
+        if getattr(config, attr, None) not in (None, 1, 1.0):
+            raise ValueError("%s: %s scales its logits (config.%s = %r), which this loss does not do"
+                             % (caller, name, attr, getattr(config, attr)))
+    if getattr(config, "output_router_logits", False):
+        raise ValueError("%s: %s adds its router's auxiliary loss to the loss (config.output_router_logits = True), "
+                         "which this loss does not do" % (caller, name))
+    head = model.get_output_embeddings()
+    if getattr(head, "weight", None) is None or head.weight.dim() != 2:
+        raise ValueError("%s: %s has no linear output layer (model.get_output_embeddings() is %r)"
+                         % (caller, name, type(head).__name__))
+    if model.base_model is model:
+        raise ValueError("%s: %s has no decoder apart from its head (model.base_model is the model itself)"
+                         % (caller, name))
+    # Transformers >= 4.46 picks the loss by model.loss_type, or takes one set on the model.
+    loss_function = getattr(model, "loss_function", None)
+    if loss_function is not None:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+        if loss_function is not LOSS_MAPPING.get("ForCausalLM"):
+            raise ValueError("%s: %s computes its loss with %r (model.loss_function), not the causal-LM "
+                             "cross-entropy" % (caller, name, getattr(loss_function, "__name__", loss_function)))
+
+
+def _autocast_dtype(device_type):
+    """The dtype autocast gives a linear layer on this device now, or None outside autocast."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+        return torch.get_autocast_dtype(device_type) if enabled else None
+    except (TypeError, AttributeError):  # torch < 2.4: no device argument
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+        return None
+
+
+def hidden_states_loss(model, hidden, targets, shift, num_items_in_batch=None, ignore_index=-100, **options):
+    """The model's loss from its decoder's last hidden states (batch, length, D): position t
+    scored against targets[:, t + shift], soft-capped as the model's config says, the mean over
+    the targets not ignored, or their sum divided by num_items_in_batch. options: more arguments
+    of linear_cross_entropy (filter_eps, memory_budget, ...)."""
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, head.bias
+    # Under autocast (Trainer's bf16=True with float32 weights) the model's lm_head runs in the
+    # autocast dtype; do the same, which also gives the two operands the one dtype the loss needs.
+    dtype = _autocast_dtype(hidden.device.type)
+    if dtype is not None:
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    # The model takes any labels; the library takes contiguous ones (copying only these indices).
+    targets = targets.to(hidden.device).contiguous()
+    loss = linear_cross_entropy(hidden.contiguous(), weight, targets, bias=bias,
+                                ignore_index=ignore_index, softcap=getattr(model.config, "final_logit_softcapping", None),
+                                reduction=reduction, shift=shift, **options)
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
 
 
 def causal_lm_loss(model, input_ids=None, labels=None, attention_mask=None, num_items_in_batch=None,
@@ -26,22 +98,12 @@ def causal_lm_loss(model, input_ids=None, labels=None, attention_mask=None, num_
     `config.final_logit_softcapping`, if set, is applied. num_items_in_batch: as Transformers'
     Trainer passes it under gradient accumulation, the loss is then the sum divided by it, else
     the mean over the positions not ignored. Other keyword arguments (position_ids,
-    inputs_embeds, ...) go to the decoder. Returns a float32 0-d loss.
+    inputs_embeds, ...) go to the decoder. Returns a float32 0-d loss. Models whose loss this is
+    not (scaled logits, a router loss; see check_supported) raise ValueError.
     """
-    config = model.config
-    for name in _UNSUPPORTED_LOGIT_SCALES:
-        if getattr(config, name, None) not in (None, 1, 1.0):
-            raise ValueError("tiledlse.causal_lm_loss: %s scales its logits (config.%s = %r), which this loss "
-                             "does not do" % (type(model).__name__, name, getattr(config, name)))
+    check_supported(model, "tiledlse.causal_lm_loss")
     if (labels is None) == (shift_labels is None):
         raise ValueError("tiledlse.causal_lm_loss: pass exactly one of 'labels' and 'shift_labels'")
-    head = model.get_output_embeddings()
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs).last_hidden_state
     targets, shift = (labels, 1) if shift_labels is None else (shift_labels, 0)
-    reduction = "mean" if num_items_in_batch is None else "sum"
-    loss = linear_cross_entropy(hidden.contiguous(), head.weight, targets.to(hidden.device), bias=head.bias,
-                                ignore_index=ignore_index, softcap=getattr(config, "final_logit_softcapping", None),
-                                reduction=reduction, shift=shift)
-    if num_items_in_batch is not None:
-        loss = loss / num_items_in_batch
-    return loss
+    return hidden_states_loss(model, hidden, targets, shift, num_items_in_batch, ignore_index)
