@@ -10,9 +10,9 @@
 // both implementations, so TiledLSE is not credited for the tiles it recomputes;
 // `extra_bytes` is the memory allocated beyond inputs and gradients. The baseline is reported
 // as skipped where its logit matrix would exceed TLSE_BASELINE_CAP_GIB (default 4).
-#include <materialized_baseline.hpp>
-#include <random_inputs.hpp>
-#include <tiled_runner.hpp>
+#include <tlse_bench/materialized_baseline.hpp>
+#include <tlse_bench/random_inputs.hpp>
+#include <tlse_bench/tiled_runner.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -11,8 +11,8 @@
 //   peak_memory cross-entropy D  V  N1 N2 ...     mean cross-entropy, f32
 //   peak_memory cross-entropy-vocab D N V1 V2 ... the same, against the vocabulary
 // Prints one JSON object per line: {"loss", sizes, "tiledlse_bytes", "materialized_bytes"}.
-#include "materialized_baseline.hpp"
-#include "random_inputs.hpp"
+#include <tlse_bench/materialized_baseline.hpp>
+#include <tlse_bench/random_inputs.hpp>
 
 #include <tlse/tlse.hpp>
 

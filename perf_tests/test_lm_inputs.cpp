@@ -3,8 +3,8 @@
 // and reaches the stated statistics at a small size; the statistics themselves
 // (softmax_statistics.hpp) count what they say on hand-made logits; the random inputs stay the
 // worst case for gradient filtering.
-#include <lm_inputs.hpp>
-#include <softmax_statistics.hpp>
+#include <tlse_bench/lm_inputs.hpp>
+#include <tlse_bench/softmax_statistics.hpp>
 
 #include <gtest/gtest.h>
 

@@ -6,8 +6,8 @@
 #include "cli.hpp"
 #include "outcome.hpp"
 
-#include <sampled_reference.hpp>
-#include <softmax_statistics.hpp>
+#include <tlse_bench/sampled_reference.hpp>
+#include <tlse_bench/softmax_statistics.hpp>
 
 #include <algorithm>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // perf_tests/softmax_statistics.hpp, printed before the timings so that results come with them.
 #include "cli.hpp"
 
-#include <softmax_statistics.hpp>
+#include <tlse_bench/softmax_statistics.hpp>
 
 #include <cmath>
 #include <cstdio>

@@ -9,10 +9,10 @@
 #include "outcome.hpp"
 #include "timing.hpp"
 
-#include <lm_inputs.hpp>
-#include <materialized_baseline.hpp>
-#include <random_inputs.hpp>
-#include <tiled_runner.hpp>
+#include <tlse_bench/lm_inputs.hpp>
+#include <tlse_bench/materialized_baseline.hpp>
+#include <tlse_bench/random_inputs.hpp>
+#include <tlse_bench/tiled_runner.hpp>
 
 #include <cstdio>
 #include <string>

@@ -9,8 +9,8 @@
 /// Everything runs through KokkosBlas::gemm in double on the default execution space (the GPU in
 /// a CUDA build), a block of classes at a time: N V D multiply-adds for the LSEs, plus
 /// 2 (rows V + N classes) D for the sampled gradients.
-#include <random_inputs.hpp>
 #include <tlse/impl/kokkos_compat.hpp>
+#include <tlse_bench/random_inputs.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>

@@ -26,7 +26,7 @@
 /// already adds variance sum_k a_k^2 / (D-1) to every logit, so sigma^2 is noise^2 minus that, or 0
 /// where the crosstalk alone exceeds noise^2 (below D of about 1000 at the default shape: the
 /// noise is then larger than asked, and the statistics drift; the tool prints what they are).
-#include <random_inputs.hpp>
+#include <tlse_bench/random_inputs.hpp>
 
 #include <algorithm>
 #include <cmath>

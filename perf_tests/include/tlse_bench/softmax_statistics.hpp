@@ -11,7 +11,7 @@
 /// The sample's logits come from KokkosBlas::gemm in double on the default execution space (the
 /// GPU in a CUDA build), a block of columns at a time: rows x V x D multiply-adds, a few seconds
 /// for 256 rows at D = 4096, V = 128256 on a GPU, about a minute on 2 host cores.
-#include <random_inputs.hpp>
+#include <tlse_bench/random_inputs.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
