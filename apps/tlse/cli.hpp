@@ -17,7 +17,7 @@ namespace tlse::app {
 
 enum class Job { contrastive, cross_entropy };
 enum class DType { f32, f64, bf16, f16 };
-enum class Inputs { random, lm };  // perf_tests/random_inputs.hpp, perf_tests/lm_inputs.hpp
+enum class Inputs { random, lm };  // tlse_bench/random_inputs.hpp, tlse_bench/lm_inputs.hpp
 
 struct Options {
   Job job = Job::contrastive;
@@ -66,7 +66,7 @@ usage:
                   (tlse::self_contrastive_loss); the same B x B logits as the paired form.
   cross-entropy   mean cross-entropy of N tokens over a vocabulary of V classes, on random or
                   trained-LM-like inputs (--inputs). Prints what gradient filtering can skip on
-                  them, measured in float64 on 256 sampled rows (perf_tests/softmax_statistics.hpp):
+                  them, measured in float64 on 256 sampled rows (tlse_bench/softmax_statistics.hpp):
                   mean loss, softmax entries per row at or above the filter threshold, and the
                   fraction of 128x128 (mma.sync) and 128x256 (Hopper) backward tiles whose entries
                   are all below it and that hold no target, with and without vocabulary sorting.
@@ -74,7 +74,7 @@ usage:
 cross-entropy options:
   --inputs random|lm         random (default; the worst case for filtering): E (N x D) ~ N(0,1),
                              C (V x D) ~ N(0,1) * 4/sqrt(D) (logit std ~4), uniform targets.
-                             lm: shaped like a trained LM's output layer (perf_tests/lm_inputs.hpp):
+                             lm: shaped like a trained LM's output layer (tlse_bench/lm_inputs.hpp):
                              Zipf(1.1) targets, token ids a random permutation of frequency ranks,
                              a log-frequency bias folded into C (E's last feature is 1), 32
                              plausible tokens per row; mean loss ~2.8 nats, ~50 entries per row
@@ -332,12 +332,12 @@ inline Options parse_command_line(int argc, const char* const* argv) {
     throw UsageError("--inputs lm needs --dim >= 2 (one feature carries the bias)");
   if (o.tf32 && o.dtype != DType::f32) throw UsageError("--precision tf32 applies to --dtype f32 only");
   if (o.softcap > 0 && o.check_sampled)
-    throw UsageError("--check-sampled has no softcap (perf_tests/sampled_reference.hpp); drop --softcap " +
+    throw UsageError("--check-sampled has no softcap (tlse_bench/sampled_reference.hpp); drop --softcap " +
                      detail::number_text(o.softcap) + " or --check-sampled");
   if (o.bias && o.check_sampled)
-    throw UsageError("--check-sampled has no bias (perf_tests/sampled_reference.hpp); drop --bias or --check-sampled");
+    throw UsageError("--check-sampled has no bias (tlse_bench/sampled_reference.hpp); drop --bias or --check-sampled");
   if (o.ignore_fraction > 0 && o.check_sampled)
-    throw UsageError("--check-sampled scores every row (perf_tests/sampled_reference.hpp); drop --ignore-fraction " +
+    throw UsageError("--check-sampled scores every row (tlse_bench/sampled_reference.hpp); drop --ignore-fraction " +
                      detail::number_text(o.ignore_fraction) + " or --check-sampled");
   return o;
 }

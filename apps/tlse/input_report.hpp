@@ -1,6 +1,6 @@
 #pragma once
 // What gradient filtering can skip on the cross-entropy inputs of a run: the statistics of
-// perf_tests/softmax_statistics.hpp, printed before the timings so that results come with them.
+// tlse_bench/softmax_statistics.hpp, printed before the timings so that results come with them.
 #include "cli.hpp"
 
 #include <tlse_bench/softmax_statistics.hpp>
@@ -27,7 +27,7 @@ inline std::string threshold_text(double t) {
 }
 
 inline const char* inputs_description(Inputs inputs) {
-  return inputs == Inputs::lm ? "lm (trained-LM-like: Zipf targets, frequency bias; perf_tests/lm_inputs.hpp)"
+  return inputs == Inputs::lm ? "lm (trained-LM-like: Zipf targets, frequency bias; tlse_bench/lm_inputs.hpp)"
                               : "random (uniform targets, logit std ~4; the worst case for filtering)";
 }
 
