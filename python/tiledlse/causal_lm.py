@@ -87,7 +87,7 @@ def hidden_states_loss(model, hidden, targets, shift, num_items_in_batch=None, i
 
 
 def causal_lm_loss(model, input_ids=None, labels=None, attention_mask=None, num_items_in_batch=None,
-                   shift_labels=None, ignore_index=-100, **model_kwargs):
+                   shift_labels=None, ignore_index=-100, filter_eps=None, **model_kwargs):
     """The loss that `model(input_ids, attention_mask=..., labels=labels).loss` returns, for a
     Transformers causal LM (`LlamaForCausalLM`, `Gemma2ForCausalLM`, ...), computed from the
     decoder's last hidden states and `lm_head.weight` without the logits.
@@ -98,12 +98,15 @@ def causal_lm_loss(model, input_ids=None, labels=None, attention_mask=None, num_
     `config.final_logit_softcapping`, if set, is applied. num_items_in_batch: as Transformers'
     Trainer passes it under gradient accumulation, the loss is then the sum divided by it, else
     the mean over the positions not ignored. Other keyword arguments (position_ids,
-    inputs_embeds, ...) go to the decoder. Returns a float32 0-d loss. Models whose loss this is
-    not (scaled logits, a router loss; see check_supported) raise ValueError.
+    inputs_embeds, ...) go to the decoder. filter_eps: linear_cross_entropy's gradient filter,
+    off by default (exact gradients, as the model's own loss; "auto" drops whole tiles of small
+    probabilities, which near initialization, a softmax spread over the vocabulary, is most of
+    the gradient). Returns a float32 0-d loss. Models whose loss this is not (scaled logits, a
+    router loss; see check_supported) raise ValueError.
     """
     check_supported(model, "tiledlse.causal_lm_loss")
     if (labels is None) == (shift_labels is None):
         raise ValueError("tiledlse.causal_lm_loss: pass exactly one of 'labels' and 'shift_labels'")
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs).last_hidden_state
     targets, shift = (labels, 1) if shift_labels is None else (shift_labels, 0)
-    return hidden_states_loss(model, hidden, targets, shift, num_items_in_batch, ignore_index)
+    return hidden_states_loss(model, hidden, targets, shift, num_items_in_batch, ignore_index, filter_eps=filter_eps)
