@@ -81,8 +81,8 @@ TEST(LmInputs, TargetsFollowZipfAndIdsAreAPermutationOfRanks) {
 
 TEST(LmInputs, StatisticsWithinTheirStatedRangesAtASmallSize) {
   // D = 1024 keeps the candidates' crosstalk within the noise budget (lm_inputs.hpp); V = 32768
-  // has enough column tiles for sorting to matter. Measured 2026-11-23: loss 2.62, 51.5 entries,
-  // 0.4% / 24.6% of 128 x 128 tiles skippable in id / sorted order.
+  // has enough column tiles for sorting to matter. The values measured at this size:
+  // docs/notes/2026-11-23.md, "The trained-LM-like inputs at a small size".
   const auto p = lm_cross_entropy_problem(42, 256, 1024, 32768);
   const auto sample = tlse::perf::sample_logits(p.E, p.C, 2);
   const auto st = tlse::perf::softmax_statistics(sample, p.targets, tlse::perf::vocabulary_order(p.E, p.C), 0x1p-12);

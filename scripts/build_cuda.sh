@@ -32,7 +32,8 @@ check=()
 if $compile_only; then
   # Kokkos' flags ask for sm_80 (Kokkos 3.4 knows no Hopper), which nvcc_sm90 turns into sm_90;
   # compute_90 instead embeds PTX and skips ptxas, and cicc -O0 skips NVVM's optimizer: with the
-  # host code at -O0, a test's compile takes 27 s instead of 100 (test_linear_lse, 2026-11-28).
+  # host code at -O0, a test's compile takes a fraction of the time (docs/notes/2026-11-28.md,
+  # "Test and build times on CI's two cores").
   compiler=$build/nvcc_ptx
   cat >"$compiler" <<EOF
 #!/usr/bin/env bash

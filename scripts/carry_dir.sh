@@ -4,8 +4,9 @@
 # build-cuda/carry.tar.gz (about a third of the size). The folder is unpacked here from the
 # archive unless it already was, from this very archive (its checksum noted in carry/.archive-md5):
 # a machine kept warm between device calls still holds the folder of an earlier call's archive
-# (seen 2026-11-27: a test ran an earlier build's binary). A folder fresh from the build has no
-# note and is unpacked once more, to the same files.
+# (seen: a test ran an earlier build's binary; docs/notes/2026-11-27.md, "Products in clusters of
+# two CTAs"). A folder fresh from the build has no note and is unpacked once more, to the same
+# files.
 carry=${TLSE_CARRY:-$root/build-cuda/carry}
 if [ -z "${TLSE_CARRY:-}" ] && [ -f "$root/build-cuda/carry.tar.gz" ]; then
   archive_md5=$(md5sum <"$root/build-cuda/carry.tar.gz" | cut -d' ' -f1)

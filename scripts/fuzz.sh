@@ -51,9 +51,10 @@ shift || true
 log=$work/artifacts/last-run.log
 status=0
 start=$SECONDS
-# -entropic=0: libFuzzer's default (entropic) input scheduling spent more than half of this target's
-# time in its own bookkeeping (its tens of thousands of features); without it, 2.5 times the
-# executions per second and as much coverage after 60 s (measured 2026-11-23).
+# -entropic=0: libFuzzer's default (entropic) input scheduling spent most of this target's time in
+# its own bookkeeping (its tens of thousands of features); without it, more executions per second
+# and as much coverage (docs/notes/2026-11-23.md, "The C API's fuzz target without entropic
+# scheduling").
 "$fuzzer" -max_total_time="$seconds" -timeout=30 -print_final_stats=1 -entropic=0 -artifact_prefix="$work/artifacts/" \
   "$@" "$work/corpus" "$work/seeds" >"$log" 2>&1 || status=$?
 runs=$(awk '/stat::number_of_executed_units:/ {print $2}' "$log")

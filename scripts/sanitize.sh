@@ -8,15 +8,15 @@
 # The tests are a representative subset: every unit test of the host suite and of the C API, on
 # Kokkos::OpenMP only (Serial runs the same generic kernels; leaving it out halves the build), but
 # those whose shapes are sized for the GPU's planners and that run, on the host (which ignores
-# the memory budget), the generic kernels the smaller tests run: CrossEntropy.WideVocabularyMany-
-# TilesPerTeam (minutes under the sanitizers), both BackwardInTwoPassesUnderASmallBudget (57-122 s
-# a variant; ignored rows, filtered tiles, the bias and the self-similarity form are each in a
-# smaller test), all but the bf16 variant of CrossEntropy.TrainingStepInChunksOfRows and
-# CrossEntropy.TrainingStepKeepsAPartOfTheColumns (40-86 s a variant; the bf16 one keeps the
-# training step's entry under the sanitizers), the Tf32Precision tests (68-81 s each; on the host
-# Precision::tf32 runs the exact float paths the other f32 tests run), test_scalar_types (clang 14
-# has no _Float16), the MPI tests (OpenMPI is not built for the sanitizers) and the Python tests
-# (Python is not either). Times: the 2-core CPU machine of 2026-11-27.
+# the memory budget), the generic kernels the smaller tests run, slowly under the sanitizers
+# (docs/notes/2026-11-27.md, "The sanitizer step's longest tests"):
+# CrossEntropy.WideVocabularyManyTilesPerTeam, both BackwardInTwoPassesUnderASmallBudget (ignored
+# rows, filtered tiles, the bias and the self-similarity form are each in a smaller test), all but
+# the bf16 variant of CrossEntropy.TrainingStepInChunksOfRows and
+# CrossEntropy.TrainingStepKeepsAPartOfTheColumns (the bf16 one keeps the training step's entry
+# under the sanitizers), the Tf32Precision tests (on the host Precision::tf32 runs the exact float
+# paths the other f32 tests run); and test_scalar_types (clang 14 has no _Float16), the MPI tests
+# (OpenMPI is not built for the sanitizers) and the Python tests (Python is not either).
 #
 #   scripts/sanitize.sh                       build, test, fuzz 60 s
 #   TLSE_FUZZ_SECONDS=0 scripts/sanitize.sh   build and test only
@@ -46,8 +46,8 @@ start=$SECONDS
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1
 # Tests run side by side: idle OpenMP threads sleep (scripts/test.sh says why). Not the fuzzing,
-# one process alone, whose calls wait less on threads that spin (30 s of it: 18367 executions,
-# 10824 with them sleeping; 2026-11-28).
+# one process alone, whose calls wait less on threads that spin (docs/notes/2026-11-28.md, "Test
+# and build times on CI's two cores").
 (cd "$build" && OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OMP_PROC_BIND=false ctest --output-on-failure --parallel "$(nproc)" --timeout 600 \
   -E 'WideVocabularyManyTilesPerTeam|BackwardInTwoPassesUnderASmallBudget|(TrainingStepInChunksOfRows|TrainingStepKeepsAPartOfTheColumns)<[A-Za-z]+/OpenMP_f(16|32|64)|Tf32Precision|install_consumer|spack_recipe')
 echo "[sanitize] tests ran in $((SECONDS - start)) s" >&2

@@ -7,7 +7,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cmake --build "$root/build" --parallel "$(nproc)"
 cd "$root/build"
 # ctest runs as many tests at once as there are cores, each OpenMP one with as many threads: idle
-# OpenMP threads that spin (libgomp's default) take cores from the other tests. Sleeping instead
-# ran this suite's ctest 23% faster (232 -> 179 s on 2 cores, 2026-11-28).
+# OpenMP threads that spin (libgomp's default) take cores from the other tests, so they sleep
+# (docs/notes/2026-11-28.md, "Test and build times on CI's two cores").
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 OMP_PROC_BIND=false ctest --output-on-failure --parallel "$(nproc)" --timeout 900

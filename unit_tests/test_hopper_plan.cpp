@@ -218,9 +218,10 @@ TEST(HopperPlan, SplitsTheProductsThatHaveFewTiles) {
 
 TEST(HopperPlan, KBlocksWeighBothKindsWithTheirSweeps) {
   // Contrastive B = 65536 in TF32 at 160 MiB: nothing fits whole; one pass fits only with blocks of
-  // 512 rows (launch after launch of a few tiles: 434.8 ms fwd+bwd on an H200, 2026-11-28), the
-  // two passes with blocks of 8192 (91.7 ms). One pass saves a sweep, which total_cost() counts,
-  // and loses it many times over to its blocks.
+  // 512 rows (launch after launch of a few tiles), the two passes with blocks of 8192, several
+  // times faster. One pass saves a sweep, which total_cost() counts, and loses it many times over
+  // to its blocks. Measured:
+  // docs/notes/2026-11-28.md, "K blocks: the Hopper backward where its operands do not fit whole (H200, 2026-11-28)"
   const FusedBackwardPlan p = FusedBackwardPlan::make(65536, 65536, 512, 160 * MiB, H200_SMS, 4);
   ASSERT_TRUE(p.fits);
   EXPECT_TRUE(p.two_passes());

@@ -74,8 +74,8 @@ typedef enum tlse_precision TLSE_INT_ENUM { TLSE_PRECISION_EXACT = 0, TLSE_PRECI
 /** Options of the cross-entropy calls. Start from tlse_cross_entropy_options_default(). Fields are
  * fixed-width integers and doubles so that the struct maps 1:1 to ctypes and Fortran bind(c). */
 typedef struct tlse_cross_entropy_options {
-  int64_t ignore_index; /**< rows whose target equals it add 0 (skipped; swept on Hopper GPUs but by a step that keeps a
-                           chunk's logits); default -100 */
+  int64_t ignore_index; /**< rows whose target equals it add nothing to the loss and get zero gradient; not a valid
+                           class; default -100 */
   int32_t reduction;         /**< tlse_reduction; default TLSE_REDUCTION_MEAN */
   int32_t accumulate;        /**< backward: 1 adds into dE, dC, dbias instead of overwriting; default 0 */
   int64_t shift;             /**< row i is scored against targets[i + shift]; last `shift` rows ignored; default 0 */

@@ -42,8 +42,8 @@ std::size_t cross_entropy_workspace_bytes(const Exec& exec, const EV& E, const C
 /// forward's logits become the gradient, 3 matrix products instead of 4) for these shapes and
 /// options, rather than as cross_entropy then cross_entropy_backward. It lets a caller decide
 /// beforehand whether computing the gradients with the loss pays (e.g. an autograd forward that
-/// would otherwise hold them until a backward that may never run). Today: a Hopper GPU, bf16 or
-/// fp16, no dbias, no argmax (CrossEntropyExtras::predicted or accuracy), no label smoothing
+/// would otherwise hold them until a backward that may never run). It fuses with a Hopper GPU,
+/// bf16 or fp16, no dbias, no argmax (CrossEntropyExtras::predicted or accuracy), no label smoothing
 /// under a softcap, and an opts.memory_budget that holds the logits of a chunk of rows, or (with
 /// opts.accumulate off) one that holds the backward's buffers, the step then keeping the logits
 /// of a part of the vocabulary in dC's storage, and in its workspace as far as the budget allows

@@ -56,7 +56,7 @@ struct CrossEntropyExtras {
   Kokkos::View<const Acc*, Mem> dlse;
   /// Output of cross_entropy and cross_entropy_with_gradients (N): each scored row's predicted class,
   /// the argmax of its logits (ties: the lowest class id, as torch.argmax; NaN logits are skipped),
-  /// from the forward's tiles; -1 for rows that are not scored.
+  /// computed by the forward; -1 for rows that are not scored.
   Kokkos::View<std::int64_t*, Mem> predicted;
   /// Output of cross_entropy and cross_entropy_with_gradients (1): the fraction of scored rows whose
   /// predicted class is their target (0 when none is scored).

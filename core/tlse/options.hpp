@@ -41,12 +41,12 @@ struct Workspace {
 };
 
 /// Default of the options' `memory_budget`: 256 MiB. A call picks the fastest algorithm whose
-/// scratch fits its budget (on Hopper GPUs: the backward that recomputes each tile once, with an
-/// O(rows x depth) fp32 accumulator and a panel of dL/dx as wide as the rest allows; below that,
-/// the same kernels in two passes, panels of rows then of columns, without the accumulator;
-/// below that, the two-pass backward with a bounded chunk); the call's per-row arrays (a few
-/// bytes a row) come on top. `*_workspace_bytes` report what a call will use under the budget;
-/// a budget below the smallest algorithm's needs gets that minimum.
+/// scratch fits its budget: on a GPU a larger budget lets a backward recompute the logits fewer
+/// times, and the training step keep more of the forward's logits, so the call may run faster.
+/// Host backends need far less and ignore it. The call's per-row arrays (a few bytes a row) come
+/// on top. `*_workspace_bytes` report what a call will use under the budget; a budget below the
+/// smallest algorithm's needs gets that minimum. Which algorithm a budget selects: docs/options.md
+/// (the fused training step it may select filters no gradient: cross_entropy_with_gradients).
 constexpr std::size_t memory_budget_default = std::size_t(256) << 20;
 
 /// Value of `filter_eps` meaning "the default for the input dtype": eps(dtype) / 32 as CCE

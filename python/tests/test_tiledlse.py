@@ -276,8 +276,8 @@ def test_tf32_precision(device, loss_name):
     assert any(not torch.equal(got, want) for got, want in zip(tf32, exact)), what + "'tf32' gave the exact results"
     # Operands rounded to 2^-11: each logit moves by about 2^-11 scale |a| |b| / sqrt(256) (a random
     # walk over the 256 products), up to about 5e-3 here, and the loss and the gradients at most by
-    # as much relatively; their errors average out over many logits (measured on an H200,
-    # 2026-11-28: 1.3e-6 to 1.1e-5 of their magnitudes).
+    # as much relatively; their errors average out over many logits (measured on a GPU, far below
+    # these bounds: docs/notes/2026-11-28.md, "TF32 products from C and Python").
     close(tf32[0], exact[0], 2.0 ** -8, what + "loss")
     for k, (got, want) in enumerate(zip(tf32[1:], exact[1:])):
         close(got, want, 2.0 ** -6, what + "gradient %d" % k)

@@ -107,15 +107,16 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     return_predicted_tokens, a CrossEntropyOutput (loss, lse, token_accuracy, predicted_tokens),
     the fields not asked for None: predicted_tokens (int64, e.shape[:-1]) each row's argmax
     class (ties: the lowest id), -1 for ignored rows; token_accuracy the fraction of rows not
-    ignored predicted right (0-d; per row, 1.0 or 0.0, under reduction "none"), both from the
-    forward's tiles.
-    fused_step: compute the gradients in the forward, in one call with the loss (on Hopper GPUs,
-    bf16 or fp16, within a large memory_budget: 3 matrix products instead of 4; within the default one,
-    3 for a part of the classes), and keep them until the backward. None (auto): when the step
-    runs fused there (a Hopper GPU and a memory_budget that holds the logits of a chunk of rows
-    or the backward's buffers; the library is asked), gradients of e or c will be
-    needed, bias needs none, the reduction is "mean" or "sum", and neither the LSE nor the
-    accuracy or predicted tokens are returned, outside torch.compile; True: whenever gradients
+    ignored predicted right (0-d; per row, 1.0 or 0.0, under reduction "none"), both computed by
+    the forward.
+    fused_step: compute the gradients in the forward, in one call with the loss, and keep them
+    until the backward (the step runs fused, and faster, on Hopper GPUs with bf16 or fp16 inputs
+    where memory_budget allows, docs/options.md; a fused step filters no gradient, as
+    filter_eps=0). None (auto): when the step runs fused there (a Hopper GPU and a memory_budget
+    that holds the logits of a chunk of rows or the backward's buffers; the library is asked),
+    gradients of e or c will be needed, bias needs none, the reduction is "mean" or "sum", and
+    neither the LSE nor the accuracy or predicted tokens are returned, outside torch.compile;
+    True: whenever gradients
     will be needed (a bias gradient too); False: never (the forward, then the backward).
     precision: "exact" (default) or "tf32": for float32 inputs on GPUs with TF32 tensor cores,
     products of operands rounded to TF32 (11 significant bits), several times faster; no effect

@@ -46,16 +46,16 @@ enum tlse_hop_status {
 };
 
 /** One side of the implicit matrix: `count` rows of `depth` elements, row p at data + p * ld.
- * index maps a row to its id (logit model, softmax terms, gradient rows); NULL: the identity.
- * position (rows side only) maps a row to the position its outputs take (row LSE partials,
- * dscale sums), -1 for a row that takes no part (an ignored token); NULL: the identity. Outputs
- * by position have `positions` entries per split (0: count). */
+ * A row has an id (index) and, on the rows side, a position its outputs take (position); outputs
+ * by position have `positions` entries per split. */
 typedef struct {
   const void* data;        /**< row 0 */
   int64_t ld;              /**< elements from a row to the next */
   int64_t count;           /**< rows */
-  const int32_t* index;    /**< row -> id, or NULL (the identity) */
-  const int32_t* position; /**< row -> output position, -1: none (rows side only), or NULL (the identity) */
+  const int32_t* index;    /**< row -> id (the logit model's, the softmax terms', the gradient rows'), or NULL (the
+                                identity) */
+  const int32_t* position; /**< rows side only: row -> output position (row LSE partials, dscale sums), -1 for a
+                                row that takes no part (an ignored token), or NULL (the identity) */
   int64_t positions;       /**< output entries per split (0: count) */
 } tlse_hop_side;
 
@@ -70,59 +70,65 @@ typedef struct {
   int64_t valid_cols;       /**< col id >= valid_cols is masked; INT64_MAX: every column */
 } tlse_hop_logit_model;
 
-/** The forward sweep. Partial states by position, in the layout of the Kokkos-side merge:
- * row_max/row_sum[split y][rows positions] for the column splits (rows without a position
- * unwritten), col_max/col_sum/col_logit_sum[row group x][cols.count] for the row groups (each group
- * owns its column slots).
- * exponentials (optional, bf16 or fp16 inputs without column outputs): the training step keeps the
- * tiles' exponentials for its gradient instead of recomputing the tiles. A part of a row is its
- * columns j of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a consumer
- * thread's), m the largest of its logits. Each part is under a shift s. bf16: the row's r =
- * exponentials_row_shift[row] when m <= r + TLSE_HOP_ROW_SHIFT_SPAN (NULL or r = +inf: none), else
- * m itself. fp16 (exponentials_row_shift NULL): s = k ln 2 with k = ceil(m log2 e) -
- * TLSE_HOP_FP16_HEADROOM, an integer, so that a part's values lie in fp16's range up to 2^HEADROOM
- * (its largest above half that) and parts differ by powers of two. s goes to
- * exponentials_shift[row * 4 * ceil(kept / TLSE_HOP_TILE_N) + 4 n + q] (-inf where every logit of
- * the part is masked), and each logit x to exp(x - s) in the input type at
- * exponentials[row * ld_exponentials + col] (row < rows.count, col < kept; rows.position NULL):
- * bf16 at most e^SPAN, in its normal range down to s - 87 (2^-8 relative; below, 0); fp16 2^-11
- * relative down to 2^-14, below that fp16's subnormal steps of 2^-24 (2^-39 of the part's
- * largest). Kept are the
- * columns below kept = exponentials_cols (0: every column; else a multiple of TLSE_HOP_TILE_N, at
- * most cols.count: the other tiles only fold into the row states); with exponentials_panel = P >
- * 0 (a multiple of TLSE_HOP_TILE_N) in panels of P columns instead, column col of panel k = col /
- * P at exponentials[k * exponentials_panel_stride + row * ld_exponentials + col - k P] (the
- * stride a multiple of 8, at least rows.count * ld_exponentials), except that with
- * exponentials_tail (16-byte aligned) the panels from t = exponentials_tail_panel on lie there,
- * one after another: panel k >= t at exponentials_tail[(k - t) * rows.count * ld_exponentials +
- * row * ld_exponentials + col - k P] (the training step keeps panels in its caller's gradient
- * storage and, past it, in its workspace). r should be a logit of the row
- * (the training step's target logit): what lies 87 below it is lost to the row's exponentials and
- * its LSE state. Where every part of a row is under r, the
+/** The forward sweep: partial LSE states by position, in the layout of the Kokkos-side merge: the
+ * rows' per column split (rows without a position unwritten), the columns' (and the column logit
+ * sums) per row group, each group owning its column slots.
+ * Kept exponentials (optional, bf16 or fp16 inputs without column outputs): the training step
+ * keeps the tiles' exponentials for its gradient instead of recomputing the tiles. A part of a row
+ * is its columns j of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a
+ * consumer thread's), m the largest of its logits. Each part is under a shift s
+ * (exponentials_shift), and each of its logits x is kept as exp(x - s) in the input type
+ * (exponentials). Where every part of a row is under the row's r (exponentials_row_shift), the
  * row's softmax is exp(r - lse) times its exponentials, and the products can take them as they are
- * (row_scale) instead of a pass over them. TMA stores them: ld_exponentials a multiple of 8,
- * exponentials 16-byte aligned, and a row's last 16-byte chunk is written whole (up to 7 values
- * past kept, within ld_exponentials, are not to be read). */
+ * (row_scale) instead of a pass over them. TMA stores them (alignments: exponentials,
+ * ld_exponentials, exponentials_tail). */
 typedef struct {
   int32_t dtype;                       /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
   tlse_hop_side rows;                  /**< the rows of the implicit matrix */
   tlse_hop_side cols;                  /**< its columns */
   int64_t depth;                       /**< elements of a row of either side */
   tlse_hop_logit_model logit;          /**< the logit of each entry */
-  float* row_max;                      /**< [column split][rows positions]: the split's max of each row */
+  float* row_max;                      /**< [column split][rows positions]: the split's max of each row (rows without
+                                            a position unwritten) */
   float* row_sum;                      /**< [column split][rows positions]: sum of exp(x - row_max) */
   float* col_max;                      /**< [row group][cols.count]; NULL: no column LSE */
   float* col_sum;                      /**< [row group][cols.count]: sum of exp(x - col_max) */
   float* col_logit_sum;                /**< [row group][cols.count]; NULL: no column logit sums */
-  void* exponentials;                  /**< in the input type (bf16, fp16); NULL: none kept */
-  int64_t ld_exponentials;             /**< elements from a row of exponentials to the next (a multiple of 8) */
-  float* exponentials_shift;           /**< with exponentials */
-  const float* exponentials_row_shift; /**< with exponentials, or NULL */
-  int64_t exponentials_cols;           /**< the columns below it are kept; 0: every column */
-  int64_t exponentials_panel;          /**< 0: the kept columns in one matrix; else columns per panel */
-  int64_t exponentials_panel_stride;   /**< with exponentials_panel: elements from a panel to the next */
-  void* exponentials_tail;             /**< with exponentials_panel: the panels from the next on; NULL: none */
-  int64_t exponentials_tail_panel;     /**< with exponentials_tail: the first panel there */
+  void* exponentials;                  /**< in the input type (bf16, fp16), 16-byte aligned; NULL: none kept. Logit x
+                                            of a kept column as exp(x - s) at exponentials[row * ld_exponentials +
+                                            col] (row < rows.count, col < kept; rows.position NULL), or in panels
+                                            (exponentials_panel). bf16 at most e^SPAN (TLSE_HOP_ROW_SHIFT_SPAN), in its
+                                            normal range down to s - 87 (2^-8 relative; below, 0); fp16 2^-11 relative
+                                            down to 2^-14, below that fp16's subnormal steps of 2^-24 (2^-39 of the
+                                            part's largest) */
+  int64_t ld_exponentials;             /**< elements from a row of exponentials to the next (a multiple of 8). TMA
+                                            writes a row's last 16-byte chunk whole: up to 7 values past kept, within
+                                            ld_exponentials, are not to be read */
+  float* exponentials_shift;           /**< with exponentials: the part's shift s at [row * 4 * ceil(kept /
+                                            TLSE_HOP_TILE_N) + 4 n + q], -inf where every logit of the part is masked.
+                                            bf16: the row's r when m <= r + TLSE_HOP_ROW_SHIFT_SPAN, else m itself.
+                                            fp16: s = k ln 2 with k = ceil(m log2 e) - TLSE_HOP_FP16_HEADROOM, an
+                                            integer, so that a part's values lie in fp16's range up to 2^HEADROOM (its
+                                            largest above half that) and parts differ by powers of two */
+  const float* exponentials_row_shift; /**< with bf16 exponentials, or NULL (always for fp16): r by row, NULL or r =
+                                            +inf: none. r should be a logit of the row (the training step's target
+                                            logit): what lies 87 below it is lost to the row's exponentials and its LSE
+                                            state */
+  int64_t exponentials_cols;           /**< kept: the columns below it are kept; 0: every column; else a multiple of
+                                            TLSE_HOP_TILE_N, at most cols.count: the other tiles only fold into the
+                                            row states */
+  int64_t exponentials_panel;          /**< 0: the kept columns in one matrix; else P (a multiple of TLSE_HOP_TILE_N)
+                                            columns per panel: column col of panel k = col / P at
+                                            exponentials[k * exponentials_panel_stride + row * ld_exponentials + col -
+                                            k P] */
+  int64_t exponentials_panel_stride;   /**< with exponentials_panel: elements from a panel to the next (a multiple of
+                                            8, at least rows.count * ld_exponentials) */
+  void* exponentials_tail;             /**< with exponentials_panel: the panels from t = exponentials_tail_panel on,
+                                            one after another (16-byte aligned): panel k >= t at exponentials_tail[(k -
+                                            t) * rows.count * ld_exponentials + row * ld_exponentials + col - k P] (the
+                                            training step keeps panels in its caller's gradient storage and, past it, in
+                                            its workspace); NULL: none */
+  int64_t exponentials_tail_panel;     /**< with exponentials_tail: the first panel there (t) */
   int64_t max_col_splits;              /**< at most this many column splits */
   int64_t max_row_groups;              /**< at most this many row groups */
   int64_t col_splits;                  /**< out: the column splits the call used */
@@ -144,13 +150,9 @@ typedef struct {
 } tlse_hop_terms;
 
 /** Gradient panel: columns [col_begin, col_end) of the cols side against every row. Writes
- * G[row * ldg + col - col_begin] = scale * dL/dx in the input type (TF32: float rounded to TF32),
- * times *g_factor where given, and/or (TF32) its transpose GT[(col - col_begin) * ldgt + row]
- * (the same), tiles left unwritten where
- * filtered; tile_mask[row tile][panel column tile] = 0 where every softmax entry of the 128 x 256
- * tile is below filter_eps and it holds no target, 1 otherwise. TMA stores G and GT and writes a
- * line's last 16-byte chunk whole: the elements past the panel width (G) or the rows (GT) up to the
- * next 16 bytes, within ldg / ldgt, get zeros. */
+ * scale * dL/dx (the rows' and the columns' tlse_hop_terms) in the input type (TF32: float rounded
+ * to TF32) as G and/or (TF32) its transpose GT, tiles left unwritten where filtered (tile_mask),
+ * and the row and column sums. TMA stores G and GT (ldg, ldgt). */
 typedef struct {
   int32_t dtype;              /**< TLSE_HOP_BF16, TLSE_HOP_FP16 (with g_factor) or TLSE_HOP_TF32 */
   tlse_hop_side rows;         /**< the rows of the implicit matrix */
@@ -162,55 +164,53 @@ typedef struct {
   float filter_eps;           /**< 0: no filtering, tile_mask may be NULL */
   int64_t col_begin;          /**< the panel's first column */
   int64_t col_end;            /**< one past its last */
-  void* G;                    /**< NULL: no gradient rows wanted (only the sums) */
-  int64_t ldg;                /**< elements from a row of G to the next */
-  void* GT;                   /**< NULL: no transpose wanted (TLSE_HOP_TF32 only: 16-bit products read G transposed) */
-  int64_t ldgt;               /**< elements from a row of GT to the next */
+  void* G;                    /**< G[row * ldg + col - col_begin] = scale * dL/dx (times *g_factor where given);
+                                   NULL: no gradient rows wanted (only the sums) */
+  int64_t ldg;                /**< elements from a row of G to the next. TMA writes a line's last 16-byte chunk
+                                   whole: the elements past the panel width up to the next 16 bytes, within ldg, get
+                                   zeros */
+  void* GT;                   /**< GT[(col - col_begin) * ldgt + row]: the same values transposed; NULL: no transpose
+                                   wanted (TLSE_HOP_TF32 only: 16-bit products read G transposed) */
+  int64_t ldgt;               /**< elements from a row of GT to the next; the elements past the rows up to the next 16
+                                   bytes, within ldgt, get zeros (as for ldg) */
   const float* g_factor;      /**< device float G and GT are stored times (not the sums), or NULL: 1. fp16
                                    needs one (entries like p / N fall below its range): a power of two
                                    that puts the largest |G| near 2^14, undone by the products' out_factor */
-  uint8_t* tile_mask;         /**< [row tile][panel column tile]: 0 where filtered */
+  uint8_t* tile_mask;         /**< [row tile][panel column tile]: 0 where every softmax entry of the 128 x 256 tile is
+                                   below filter_eps and it holds no target (its G and GT left unwritten), 1 otherwise */
   float* row_dot_sums;        /**< [split y][rows positions]: sum over the split's columns of dL/dz * dot; or NULL */
   float* col_sums;            /**< [row tile][col_end - col_begin]: sum over the tile's rows of dL/dz; or NULL */
   int64_t max_col_splits;     /**< at most this many column splits */
   int64_t col_splits;         /**< out: the column splits the call used */
 } tlse_hop_gradient_args;
 
-/** out = A (M x K) times B (K x N), fp32 accumulation. A(m, k) is a[m * lda + k], or a[k * lda + m]
- * with a_transposed; B(k, n) is b[n * ldb + k], or b[k * ldb + n] with b_transposed. bf16 and fp16
- * take b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). With a
- * mask (a gradient panel's tile_mask, mask_ld columns), K steps of a G tile the panel filtered are
- * skipped: G is operand A, as stored (mask_of_a_transposed = 0: mask[m / 128][k / 256]) or
- * transposed (1: mask[k / 128][m / 256]).
- * With row_scale, acc of row m is row_scale[m] * acc (0 where row_scale[m] == 0, whatever acc);
- * with out_factor, every row's acc is also multiplied by *out_factor.
- * Output, one of:
- *   out_f32 (ldo): out_f32[m * ldo + n] = (accumulate ? out_f32[..] : 0) + acc;
- *   out (ldo, the input type): row out_index[m] (or m): out[row * ldo + n] = T((accumulate ? out : 0) + acc).
- * K is split into at most max_k_splits fixed-order pieces when the output has too few tiles to
- * fill the device; the pieces' fp32 partials go to `workspace` (tlse_hop_product_workspace).
- * With a_panel = P > 0 (bf16, fp16; A as stored, no mask), A's columns lie in panels of P (a
- * multiple of 64, K a multiple of P): A(m, k) is a[(k / P) * a_panel_stride + m * lda + k % P],
- * the stride a multiple of 8 (the training step's kept exponentials, tlse_hop_forward_args: one
- * product over every panel instead of one per panel, each adding into the output). */
+/** out = A (M x K) times B (K x N), fp32 accumulation, into one of out_f32 and out. bf16 and fp16
+ * take b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). K is split
+ * into at most max_k_splits fixed-order pieces when the output has too few tiles to fill the
+ * device; the pieces' fp32 partials go to `workspace`. */
 typedef struct {
   int32_t dtype;                /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
-  const void* a;                /**< operand A */
+  const void* a;                /**< operand A: A(m, k) is a[m * lda + k] (see a_transposed, a_panel) */
   int64_t lda;                  /**< elements from a row of `a` to the next, as stored */
   int32_t a_transposed;         /**< 1: A(m, k) is a[k * lda + m] */
-  const void* b;                /**< operand B */
+  const void* b;                /**< operand B: B(k, n) is b[n * ldb + k] (see b_transposed) */
   int64_t ldb;                  /**< elements from a row of `b` to the next, as stored */
   int32_t b_transposed;         /**< 1: B(k, n) is b[k * ldb + n] */
   int64_t M;                    /**< rows of the output */
   int64_t N;                    /**< columns of the output */
   int64_t K;                    /**< the depth of the product */
-  const uint8_t* mask;          /**< a gradient panel's tile_mask, or NULL */
+  const uint8_t* mask;          /**< a gradient panel's tile_mask, or NULL. G is operand A: the K steps of a G tile the
+                                     panel filtered are skipped */
   int64_t mask_ld;              /**< the mask's columns */
-  int32_t mask_of_a_transposed; /**< 1: the mask is of G stored transposed (see above) */
-  const float* row_scale;       /**< M factors, or NULL */
-  const float* out_factor;      /**< a device float every row is multiplied by, or NULL */
-  float* out_f32;               /**< the output in fp32, or NULL */
-  void* out;                    /**< the output in the input type, or NULL */
+  int32_t mask_of_a_transposed; /**< 0: A is G as stored, mask[m / 128][k / 256]; 1: A is G transposed,
+                                     mask[k / 128][m / 256] */
+  const float* row_scale;       /**< M factors, or NULL: acc of row m is row_scale[m] * acc (0 where row_scale[m] ==
+                                     0, whatever acc) */
+  const float* out_factor;      /**< a device float every row's acc is also multiplied by, or NULL */
+  float* out_f32;               /**< the output in fp32, or NULL: out_f32[m * ldo + n] = (accumulate ? out_f32[..] : 0)
+                                     + acc */
+  void* out;                    /**< the output in the input type, or NULL: row out_index[m] (or m),
+                                     out[row * ldo + n] = T((accumulate ? out : 0) + acc) */
   const int32_t* out_index;     /**< out's row of product row m (out only), or NULL: m */
   int64_t ldo;                  /**< elements from an output row to the next */
   int32_t accumulate;           /**< 1: the product is added to the output */
@@ -218,8 +218,12 @@ typedef struct {
   size_t workspace_bytes;       /**< bytes at workspace */
   int64_t max_k_splits;         /**< at most this many K splits */
   int64_t k_splits;             /**< out: the K splits the call used */
-  int64_t a_panel;              /**< 0: A is one matrix; else A's columns per panel (see above) */
-  int64_t a_panel_stride;       /**< with a_panel: elements from a panel of A to the next */
+  int64_t a_panel;              /**< 0: A is one matrix; else P (bf16, fp16; A as stored, no mask; a multiple of 64, K
+                                     a multiple of P): A's columns lie in panels of P, A(m, k) is
+                                     a[(k / P) * a_panel_stride + m * lda + k % P] (the training step's kept
+                                     exponentials, tlse_hop_forward_args: one product over every panel instead of
+                                     one per panel, each adding into the output) */
+  int64_t a_panel_stride;       /**< with a_panel: elements from a panel of A to the next (a multiple of 8) */
 } tlse_hop_product_args;
 
 /** 1 when the library can run on `device` (compute capability 9.0 and a driver that loads its

@@ -4,7 +4,9 @@
 # instructions are serialized ...", infos C7510-C7520: a register of an in-flight wgmma written,
 # a wgmma pipeline across a function call, too few registers), that kernel waits for each wgmma
 # before issuing the next: correct, but its tensor cores run a fraction of their rate, and the
-# build says so only in an info line. Seen twice here (2026-11-26 and -27, docs/performance.md).
+# build says so only in an info line. Seen twice (docs/notes/2026-11-26.md, "Tried and not kept:
+# the products reading the exponentials as G"; docs/notes/2026-11-27.md, "A from registers (wgmma
+# RS): tried, not kept").
 #   wgmma_guard.sh error|warn <compile command...>
 # error: the compile fails (scripts/build_cuda.sh, CI); warn: it succeeds with a warning line.
 set -uo pipefail

@@ -22,8 +22,8 @@ void pair_logits(const Exec& exec, const TileProblem<T, Acc>& prob, index_t n, c
   using Pack = SixteenBytes<T>;
   static_assert(sizeof(Pack) == 16, "T divides 16 bytes");
   // Each lane reads 16 bytes at a time where the rows allow it: one element per lane kept the
-  // loads latency-bound on a GPU (ncu, H100, 2026-11-26: 0.13 ms for 8192 bf16 pairs of depth
-  // 4096, about 1 TB/s). On the host (one thread per team) the sum's order is the same either way.
+  // loads latency-bound on a GPU (docs/notes/2026-11-26.md, "The step on H100s, its clocks and
+  // kernels"). On the host (one thread per team) the sum's order is the same either way.
   const auto aligned = [](const T* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(Pack) == 0; };
   const bool packed = prob.depth % Pack::COUNT == 0 && aligned(prob.rows.data) && aligned(prob.cols.data);
   const index_t steps = packed ? prob.depth / Pack::COUNT : prob.depth;

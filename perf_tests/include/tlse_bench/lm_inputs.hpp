@@ -6,7 +6,7 @@
 ///
 /// What the generator reproduces of a trained LM (the statistics it reaches are measured by
 /// softmax_statistics.hpp, printed by `tlse cross-entropy --inputs lm` and listed in
-/// docs/performance.md):
+/// docs/notes/2026-11-23.md, "Trained-LM-like inputs: what gradient filtering can skip (host, 2026-11-23)"):
 /// - token frequencies follow Zipf's law, f_r ~ r^-s (s = 1.1) for the token of frequency rank r,
 ///   and targets are drawn from it. Token ids are a fixed random permutation of the ranks (a
 ///   tokenizer's ids do not follow frequency), so that sorting the vocabulary has work to do;
@@ -37,9 +37,9 @@
 
 namespace tlse::perf {
 
-/// The knobs of lm_cross_entropy_problem. The defaults were calibrated on 2026-11-23 so that at
-/// D = 4096, V = 128256 the mean loss is 2-3 nats and a row has well under 100 softmax entries at
-/// or above 2^-12 (bf16's filter threshold); docs/performance.md has the measured values.
+/// The knobs of lm_cross_entropy_problem. The defaults are calibrated so that at D = 4096,
+/// V = 128256 the mean loss is 2-3 nats and a row has well under 100 softmax entries at or above
+/// 2^-12 (bf16's filter threshold); the measured values are in the note named at the top.
 struct LmShape {
   double zipf_exponent = 1.1;  ///< s in f_r ~ r^-s
   int candidates = 32;         ///< plausible tokens per row, target included (at most V)

@@ -1,11 +1,12 @@
 #pragma once
 // Programmatic dependent launch (sm_90): a backward runs hundreds of short kernels back to back
 // on one stream (the contrastive case within 128 MiB: 172 sweeps, 172 products and their split
-// reductions, 80 to 160 us each). Launched with programmatic stream serialization, a kernel's CTAs
-// may start on the SMs the previous kernel has left while its last CTAs still run, and set up
-// their shared memory (barriers, the pipeline) meanwhile; each thread then waits for the previous
-// grid to complete, its memory visible, before touching global memory. The order of the
-// results is that of plain launches; only the launch latency and the setup overlap.
+// reductions; docs/notes/2026-11-26.md, "The contrastive backward's short kernels"), so their
+// launch latency counts. Launched with programmatic stream serialization, a kernel's CTAs may
+// start on the SMs the previous kernel has left while its last CTAs still run, and set up their
+// shared memory (barriers, the pipeline) meanwhile; each thread then waits for the previous grid
+// to complete, its memory visible, before touching global memory. The order of the results is
+// that of plain launches; only the launch latency and the setup overlap.
 #include <cuda_runtime.h>
 
 #include <utility>

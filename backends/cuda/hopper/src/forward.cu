@@ -19,9 +19,9 @@ struct ForwardShape {
 
 /// The kernel a forward takes. simple: every column takes x = scale * dot, or for the row LSE
 /// alone x = capped(scale * dot), so the kernel needs no general logit model (whose per-entry ids,
-/// bias and masks made the forward 2.3x slower under a softcap: 29.9 against 12.7 ms, N=8192
-/// V=128256, H200). paired: the row LSE alone under the simple model, 16-bit inputs: in clusters of
-/// two (TileConfig), unless TLSE_HOP_FORWARD=single.
+/// bias and masks made the forward much slower under a softcap: docs/notes/2026-11-26.md, "The
+/// softcap on the simple loops"). paired: the row LSE alone under the simple model, 16-bit inputs:
+/// in clusters of two (TileConfig), unless TLSE_HOP_FORWARD=single.
 struct ForwardKind {
   bool columns, simple, paired;
 };

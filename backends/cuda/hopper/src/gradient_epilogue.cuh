@@ -35,16 +35,16 @@ struct GradientParams {
 /// kernel has only the simple loops, the last column tile masking what lies past the panel.
 /// Filter (taken into account without General): gradient filtering is on; off (the contrastive
 /// loss never filters), the simple loops track no softmax maximum or target hit: 11% fewer
-/// instructions in the bf16 kernel (SASS), 2% off the contrastive fwd+bwd on the H200.
+/// instructions in the bf16 kernel (SASS), and a shorter contrastive fwd+bwd
+/// (docs/notes/2026-11-26.md, "Sweeps without filter tracking").
 /// Capped (without General): the row side alone under a softcap, x = capped(scale * dot) (its own
 /// kernel: as a branch of the kernel without it, it made that one spill 28 bytes and the
-/// cross-entropy fwd+bwd 0.8% slower).
+/// cross-entropy fwd+bwd slower; docs/notes/2026-11-26.md, "The softcap on the simple loops").
 /// Diagonal (without General and Filter): the model is simple but for the excluded diagonal (the
-/// self-similarity form); the simple loops zero each row's entry on it. Through the general kernel
-/// the form's gradient panels took twice as long (154-167 against 68-83 us at B=32768 c=512 bf16
-/// under ncu, H200 2026-11-28); fwd+bwd at B=65536 57.1 -> 43.3 ms (128 MiB), 45.6 -> 38.2 ms
-/// (256 MiB). A second copy of the loops for the tiles the diagonal meets was slower (44.9 /
-/// 39.0 ms) and kept 360 bytes of stack against 64.
+/// self-similarity form); the simple loops zero each row's entry on it: through the general kernel
+/// the form's gradient panels took much longer. A second copy of the loops for the tiles the
+/// diagonal meets was slower and kept 360 bytes of stack against 64 (docs/notes/2026-11-28.md,
+/// "The self-similarity form's gradient tiles off the general kernel").
 template <class T, bool General = true, bool Filter = true, bool Capped = false, bool Diagonal = false>
 struct GradientEpilogue {
   static_assert(!Diagonal || (!General && !Filter && !Capped), "Diagonal is a variant of the simple kernel");

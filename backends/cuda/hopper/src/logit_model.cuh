@@ -136,8 +136,8 @@ struct DeviceLogitModel {
 };
 
 /// A self-similarity (NT-Xent) matrix excludes its diagonal: its other tiles keep the simple model
-/// (before, every tile took the general one: the forward at B=65536 c=512 took 17.5 ms against the
-/// paired form's 8.4, H200 2026-11-28).
+/// (with every tile on the general one, the form's forward took about twice the paired form's time:
+/// docs/notes/2026-11-28.md, "The self-similarity form (NT-Xent) off the general logit model").
 template <class T>
 DeviceLogitModel<T> device_logit_model(const tlse_hop_logit_model& m, const tlse_hop_side& rows,
                                        const tlse_hop_side& cols) {

@@ -148,7 +148,8 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
     const auto s = static_cast<cudaStream_t>(stream);
     // Pairs of CTAs share their B tiles where every K step is kept (TileConfig, ClusterPlace); with
     // a tile mask, the two row tiles of a pair keep different steps (in cross-entropy, few and
-    // apart: walking the steps either keeps made the backward at 256 MiB 5% slower on an H100).
+    // apart: walking the steps either keeps made the masked backward slower; docs/notes/2026-11-27.md,
+    // "Pairs of CTAs share the products' B tiles").
     const auto run = [&](auto cluster) {
       constexpr int c = decltype(cluster)::value;
       if constexpr (tf32)

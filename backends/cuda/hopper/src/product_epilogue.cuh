@@ -58,7 +58,8 @@ __device__ __forceinline__ void store_pair(const ProductParams<T>& p, int64_t ro
 
 /// How a product's tile leaves the registers. A compile-time choice: the reduction path in the same
 /// kernel as the others made ptxas spill 184 bytes of the accumulators in every product, which
-/// cost the training step's products (which never take it) 9% (42.0 -> 46.0 ms per step on the H200).
+/// slowed the training step's products (which never take it; docs/notes/2026-11-24.md, "A
+/// regression found and fixed").
 enum class ProductStore {
   Registers,       // any output, pair by pair from the registers (read-add-store with accumulate)
   InPlaceF32,      // out_f32, accumulated, K not split: the tile is added by reductions
@@ -139,9 +140,9 @@ struct ProductEpilogue {
     if constexpr (STAGED) {
       // Each warp stages its 16 rows in shared memory and one lane stores them with TMA, which
       // clips what lies past the output (a split's partial: layer k_unit of the map). From the
-      // registers, each pair's 64-bit address and bounds test made the epilogue 15% of the warps'
-      // time in the training step's dC = G^T E (64 K steps per tile; Nsight Compute on the H200),
-      // with the tensor cores idle meanwhile.
+      // registers, each pair's 64-bit address and bounds test made the epilogue a large share of
+      // the warps' time in the training step's dC = G^T E (64 K steps per tile), with the tensor
+      // cores idle meanwhile (docs/notes/2026-11-26.md, "Where the time goes, by warp-state samples").
       constexpr bool partial = Store == ProductStore::StagedPartials;
       StagedStore::put_rows<std::conditional_t<partial, float, T>, partial>(
           s.staged, ct >> 5, ct & 31, p.out_map, m, n, c, [&](int r, int j) { return Fragment::at(acc, r, j); },

@@ -5,9 +5,10 @@
 // cp.async.bulk.tensor. The warp's two boxes alternate: a box is refilled once the store before
 // the last has read it. Stored from the registers instead, a warp's 4-byte stores each filled
 // four 32-byte sectors of different lines (G^T) or eight (G in bf16), and the gradient sweeps of
-// TF32 ran 36 us per tile and wave against a 9 us mainloop. Plain PTX on the device: CuTe's copy
-// objects in the epilogue's unrolled loops went to local memory (a billion local requests per
-// sweep, 14x slower).
+// TF32 took several times their mainloop's time per tile (docs/notes/2026-11-25.md, "Float in
+// TF32 on the Hopper kernels"). Plain PTX on the device: CuTe's copy objects in the epilogue's
+// unrolled loops went to local memory, many times slower (docs/notes/2026-11-25.md, "Staged
+// stores of G and G^T").
 #include <cuda.h>
 
 #include <cstdint>

@@ -325,9 +325,9 @@ struct LseBackwardHopper {
   /// terms (whose targets are row ids) only the rows' own terms and the diagonal mask read them:
   /// the part then passes as a side of its own, its terms from its first row on and the diagonal
   /// moved as far, so that the tiles the diagonal does not meet keep the simple logit model
-  /// (through an index of ids every tile of the self-similarity form took the general one: 92
-  /// against 45 ms fwd+bwd at B=65536 c=512 bf16, H200 2026-11-28). Else the ids come through an
-  /// index, 0, 1, ... written once.
+  /// (through an index of ids every tile of the self-similarity form took the general one, much
+  /// slower: docs/notes/2026-11-28.md, "The self-similarity form (NT-Xent) off the general logit
+  /// model"). Else the ids come through an index, 0, 1, ... written once.
   struct RowParts {
     tlse_hop_side rows;
     tlse_hop_terms terms;

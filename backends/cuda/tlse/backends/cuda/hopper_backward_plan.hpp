@@ -178,19 +178,16 @@ struct FusedBackwardPlan {
   }
 
   /// What an output tile of dA += G B_panel costs besides its K steps, in K steps: the fp32
-  /// accumulator's read and write and the tile's pipeline start. Measured on the H200
-  /// (2026-11-23, N=8192 D=4096 V=128256, panels of 5376): 80 us per tile against 0.67 us per K
-  /// step in the long products of the training step, so about 36 steps. Since the epilogue adds
-  /// with red.global (2026-11-24) the same panel measures about 6 (0.549 ms for 8 waves of 80
-  /// steps at dB's 0.8 us per step), but the narrower panels the model picks with 6 were slower
-  /// where they differ (H200, 2026-11-27: V=256000 at 256 MiB 7424 columns instead of 8960,
-  /// N=4096 at 512 MiB, N=8192 at 384 MiB: fwd+bwd 0.3-1.3% longer;
-  /// docs/data/hopper_accumulate_steps_h200_2026-11-27.txt), so 36 it stays.
+  /// accumulator's read and write and the tile's pipeline start. Measured with a read-add-store
+  /// epilogue, and kept for the one that adds with red.global, which costs less: the narrower
+  /// panels that a smaller value makes the model pick ran slower where they differ
+  /// (docs/notes/2026-11-23.md, "What an accumulating output tile costs: ACCUMULATE_STEPS").
   static constexpr std::int64_t ACCUMULATE_STEPS = 36;
   /// A launch's start and drain, in K steps (a few microseconds per kernel).
   static constexpr std::int64_t LAUNCH_STEPS = 8;
-  /// Bytes HBM moves in one K step (about 0.75 us at 4 TB/s): what TF32's transpose of a block
-  /// (read and written, 8 bytes an element) costs in K steps. A model, not a measurement.
+  /// Bytes HBM moves in one K step: what TF32's transpose of a block (read and written, 8 bytes an
+  /// element) costs in K steps. A model, not a measurement (docs/notes/2026-11-28.md, "The bytes of
+  /// a K step: BYTES_PER_STEP").
   static constexpr std::int64_t BYTES_PER_STEP = std::int64_t(3) << 20;
   /// The transpose of `count` operand rows that K blocks repeat (TF32 only), in K steps.
   std::int64_t block_transpose_steps(std::int64_t count) const {
@@ -279,16 +276,14 @@ struct FusedBackwardPlan {
 
   /// TF32's one-pass plans narrower than this many columns (unless that is every column) lose to
   /// its two passes, which cost() does not see: per panel the sweep writes G and G^T in fp32 and
-  /// the accumulator is read and written. Measured on the H100 (2026-11-25, contrastive B = 65536,
-  /// c = 512): one pass with panels of 256 columns 144.5 ms fwd+bwd (512 MiB), two passes with
-  /// column and row panels of 768 105.4 ms (384 MiB), one pass with panels of 1280 99.4 ms (1 GiB).
+  /// the accumulator is read and written (docs/notes/2026-11-25.md, "Float in TF32 on the Hopper
+  /// kernels").
   static constexpr std::int64_t MIN_TF32_PANEL = 1024;
   /// The same for bf16: per panel the accumulating product dA += G B_panel adds a whole rows x
-  /// depth fp32 tile set (ACCUMULATE_STEPS a tile) for K = panel. Measured on an H200 (2026-11-28,
-  /// contrastive B = 65536, c = 512, fwd+bwd): one pass with panels of 256 columns 67.77 ms (192
-  /// MiB), of 512 46.99 ms (224 MiB), of 768 42.09 ms (256 MiB); the two passes 49.28-49.30 ms
-  /// (128 MiB). 192 MiB ran the 256 columns, 37% slower than 128 MiB; now it runs two passes of
-  /// 1024 columns: 47.4 ms (docs/performance.md).
+  /// depth fp32 tile set (ACCUMULATE_STEPS a tile) for K = panel, so that narrower one-pass panels
+  /// ran slower than the two passes that a smaller budget holds (docs/notes/2026-11-28.md, "A larger
+  /// budget no longer runs slower: bf16 one-pass panels of fewer than 512 columns give way to the
+  /// two passes").
   static constexpr std::int64_t MIN_BF16_PANEL = 512;
   /// One-pass panels narrower than this (unless that is every column) are taken only where the
   /// two passes do not fit.

@@ -156,13 +156,13 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   // makes of them. The row goes in windows of at most WINDOW_TILES tiles, none across panels:
   // the window's four values per tile in shared memory first, made once per tile instead of
   // once per eight, and the eights addressed from the panel's start instead of through
-  // KeptLayout::at's division per eight (fp16's pass over the kept panels at N=8192, ncu on
-  // H200s, 2026-11-29: 2.10 ms for its 2.1 GB with both per eight, 1.42-1.79 ms so).
+  // KeptLayout::at's division per eight (docs/notes/2026-11-29.md, "Where fp16's extra time goes,
+  // and the rescaling pass in windows").
   // IN_FLIGHT eights per thread are loaded before any is written back, since the stores go to
-  // the same row and the compiler kept one load in flight otherwise (ncu, N=8192, two H100s of
-  // 2026-11-26: 2.22 ms before, 2.13 after, for its 4.2 GB). 8 instead of 4, so that a panel of
-  // 1056 eights takes one round instead of two, made fp16's step at N=8192 in 256 MiB no faster
-  // (one H200, 2026-11-29: 51.29, 51.45 ms against 50.71, 50.08).
+  // the same row and the compiler kept one load in flight otherwise (docs/notes/2026-11-26.md,
+  // "The step on H100s, its clocks and kernels"). 8 instead of 4, so that a panel of 1056 eights
+  // takes one round instead of two, made fp16's step at N=8192 in 256 MiB no faster
+  // (docs/notes/2026-11-29.md, "The pass as one loop over windows, and the softcap's baseline").
   constexpr index_t TILE = FusedBackwardPlan::TILE_N, WINDOW_TILES = 256;
   constexpr int IN_FLIGHT = 4;
   __shared__ float4 window[WINDOW_TILES];
@@ -288,7 +288,8 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
     each_eight(shifts_as_they_are, [&](const Eight& in, const float(&shifts)[4], index_t j) {
       // exp(s - l) once per pair where it cannot underflow (then e exp(s - l) is exact to float's
       // rounding); else -1: probability() per entry (an exponential more per entry made the
-      // step at N=8192 with a softcap 1.5-2.7% slower).
+      // step at N=8192 with a softcap slower: docs/notes/2026-11-27.md, "The softcap's per-row
+      // pass: one exponential per pair").
       float to_p[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) to_p[q] = shifts[q] - l >= -80.f ? expf(shifts[q] - l) : -1.f;
@@ -488,9 +489,9 @@ struct LseStepHopper {
     // acc (+)= the sum over the panels of G_k B_k: one product over the panels in dB's storage and
     // one over those in the tail, K running through the panels (tlse_hop_product_args::a_panel),
     // before any dB_k overwrites a panel. One product per panel, each adding into acc (read and
-    // written once a panel), left the step at N=8192 in 1.5 GiB (15 panels) 1.4-1.9 ms behind one
-    // chunk of every row, though its kernels alone took less (ncu, H200, 2026-11-29: 34.3 against
-    // 35.3 ms); so, 39.9 ms against 41.1-41.4 alternating in one call (docs/performance.md).
+    // written once a panel), left the step at N=8192 in 1.5 GiB (15 panels) behind one chunk of
+    // every row, though its kernels alone took less: under the power cap the accumulator's traffic
+    // costs energy (docs/notes/2026-11-29.md, "The kept panels' accumulator in one product").
     const auto rows_product = [&](index_t first_panel, index_t panels, index_t panel_stride) {
       if (panels == 0) return;
       tlse_hop_product_args p =

@@ -73,12 +73,10 @@ struct StepPlan {
     p.rows = rows, p.cols = cols, p.depth = depth, p.chunk = chunk;
     p.ld_exponentials = (cols + 7) / 8 * 8;
     // dA_chunk = G B runs K over every column (thousands of K steps): where its output has more
-    // tiles than SMs, two splits when they fill the last wave better. Measured on an H200
-    // (2026-11-28, the product alone): N=8192 D=2304 V=256000, 576 tiles (4.36 waves on 132 SMs):
-    // 11.95 ms in one piece, 11.27 ms in two (8.73 waves); in the step 0.2-0.4 ms of 45.8
-    // (docs/performance.md). Never more than two there: 11 splits took 13.7-13.9 ms, and 9 at
-    // N=4096 D=4096 6.1-6.2 ms against 4.95 in one (the units running together read different K
-    // ranges).
+    // tiles than SMs, two splits when they fill the last wave better (N=8192 D=2304 V=256000: 576
+    // tiles, 4.36 waves on 132 SMs, 8.73 in two). Never more than two there: more ran slower, the
+    // units running together reading different K ranges (docs/notes/2026-11-28.md, "dE in two K
+    // splits where its tiles leave the last wave short").
     p.k_splits_rows = split_rows_product
                           ? FusedBackwardPlan::product_k_splits(chunk, depth, cols, sms, FusedBackwardPlan::K_STEP, 2)
                           : 1;

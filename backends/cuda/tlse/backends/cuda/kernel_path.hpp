@@ -4,8 +4,9 @@
 // (sm_80 and later), or the generic Kokkos kernels. TLSE_CUDA_KERNELS=hopper|mma|generic in the
 // environment forces one for every call of the process, to compare them (read once; a forced
 // path a device cannot run falls back to the next: hopper -> mma -> generic). Unset or `auto`:
-// the fastest path the device runs (the Hopper kernels on sm_90 since they passed the GPU suite
-// on an H100 and an H200, 2026-11-23). TLSE_GENERIC_ONLY=1 still means generic.
+// the fastest path the device runs (the Hopper kernels on sm_90, which pass the GPU suite:
+// docs/notes/2026-11-23.md, "Validation of the Hopper kernels (da0e14a), and auto taking them").
+// TLSE_GENERIC_ONLY=1 still means generic.
 // Exact float inputs (Precision::exact) have their own switch, TLSE_CUDA_EXACT_F32=ffma|generic:
 // the tile kernels with FFMA products (ffma_product.hpp), or the generic kernels.
 #include <cuda_runtime.h>
