@@ -59,8 +59,21 @@ if [ -z "$from" ]; then
 fi
 echo "format_check: lines changed since $base ($(git rev-parse --short "$from"))" >&2
 
-mapfile -t files < <(git diff --name-only --diff-filter=ACMR "$from" -- \
+# One diff of the change (renames followed): "+++ b/<file>", then per hunk "@@ -a,b +c,d @@", the
+# new side being lines c .. c+d-1 (d = 0: a deletion only, nothing to check).
+diff_args=(-U0 -M --no-color --no-ext-diff --src-prefix=a/ --dst-prefix=b/ --diff-filter=ACMR "$from" --
   '*.c' '*.h' '*.cc' '*.cpp' '*.cxx' '*.hpp' '*.cu' '*.cuh')
+declare -A ranges=()
+files=()
+while IFS=$'\t' read -r f range; do
+  [ -v "ranges[$f]" ] || files+=("$f")
+  ranges[$f]+="${range:+ $range}"
+done < <(git diff "${diff_args[@]}" | awk '
+  /^\+\+\+ b\// { file = substr($0, 7); printf "%s\t\n", file; next }
+  /^@@ / && file != "" {
+    split($3, r, ","); start = substr(r[1], 2); n = (2 in r) ? r[2] : 1
+    if (n > 0) printf "%s\t--lines=%d:%d\n", file, start, start + n - 1
+  }')
 if [ ${#files[@]} = 0 ]; then
   echo "format_check: no C/C++/CUDA file changed" >&2
   exit 0
@@ -69,10 +82,7 @@ status=0 checked=0
 for f in "${files[@]}"; do
   lines=()
   if ! $whole; then
-    # The new side of each hunk, "@@ -a,b +c,d @@": lines c .. c+d-1 (d = 0: a deletion only).
-    mapfile -t lines < <(git diff -U0 --no-color "$from" -- "$f" |
-      sed -nE 's/^@@ -[0-9,]+ \+([0-9]+)(,([0-9]+))? @@.*/\1 \3/p' |
-      awk '{ n = ($2 == "") ? 1 : $2; if (n > 0) printf "--lines=%d:%d\n", $1, $1 + n - 1 }')
+    read -r -a lines <<<"${ranges[$f]}"
     [ ${#lines[@]} = 0 ] && continue
   fi
   checked=$((checked + 1))
@@ -84,7 +94,7 @@ for f in "${files[@]}"; do
 done
 echo "format_check: $checked file(s) $([ $mode = fix ] && echo formatted || echo checked)" >&2
 if [ $status != 0 ]; then
-  echo "format_check: the lines above do not follow .clang-format; scripts/format_check.sh --fix" \
-    "${1:+$1 }formats them" >&2
+  echo "format_check: the lines above do not follow .clang-format;" \
+    "scripts/format_check.sh --fix $($whole && echo '--whole-files ')${1:+$1 }formats them" >&2
 fi
 exit $status
