@@ -21,7 +21,14 @@ int run(long N, long D, long V, int iterations, const char* dtype) {
   const float c_std = 4.0f / std::sqrt(float(D));
   Kokkos::parallel_for("init", Kokkos::RangePolicy<Exec>(0, std::max(N, V) * D), KOKKOS_LAMBDA(long i) {
     // A cheap hash to N(0,1)-like values (sum of 4 uniforms), deterministic.
-    auto u = [](unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdUL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53UL; x ^= x >> 33; return float(x >> 40) / float(1 << 24); };
+    auto u = [](unsigned long x) {
+      x ^= x >> 33;
+      x *= 0xff51afd7ed558ccdUL;
+      x ^= x >> 33;
+      x *= 0xc4ceb9fe1a85ec53UL;
+      x ^= x >> 33;
+      return float(x >> 40) / float(1 << 24);
+    };
     const float g = (u(4 * i) + u(4 * i + 1) + u(4 * i + 2) + u(4 * i + 3) - 2.0f) * 1.7320508f;
     if (i < N * D) E.data()[i] = T(g);
     if (i < V * D) C.data()[(i * 7919) % (V * D)] = T(g * c_std);  // scattered: C is not E's twin
@@ -54,5 +61,6 @@ int main(int argc, char** argv) {
   const long N = std::atol(argv[1]), D = std::atol(argv[2]), V = std::atol(argv[3]);
   const std::string dtype = argc > 4 ? argv[4] : "bf16";
   const int iterations = argc > 5 ? std::atoi(argv[5]) : 10;
-  return dtype == "f16" ? run<tlse::float16>(N, D, V, iterations, "f16") : run<tlse::bfloat16>(N, D, V, iterations, "bf16");
+  return dtype == "f16" ? run<tlse::float16>(N, D, V, iterations, "f16")
+                        : run<tlse::bfloat16>(N, D, V, iterations, "bf16");
 }

@@ -64,7 +64,8 @@ bool over_cap(benchmark::State& state, double logit_bytes) {
   const double cap = baseline_cap_bytes(), gib = 1 << 30;
   if (logit_bytes <= cap) return false;
   char why[160];
-  std::snprintf(why, sizeof why, "not run: its logit matrix needs %.3g GiB, over the %.3g GiB cap (TLSE_BASELINE_CAP_GIB)",
+  std::snprintf(why, sizeof why,
+                "not run: its logit matrix needs %.3g GiB, over the %.3g GiB cap (TLSE_BASELINE_CAP_GIB)",
                 logit_bytes / gib, cap / gib);
   state.SkipWithError(why);
   return true;

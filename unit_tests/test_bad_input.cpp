@@ -15,7 +15,8 @@ void expect_rejected(F call, std::initializer_list<const char*> needles) {
     call();
     ADD_FAILURE() << "no exception";
   } catch (const std::invalid_argument& e) {
-    for (const char* n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\nmissing: " << n;
+    for (const char* n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\nmissing: " << n;
   }
 }
 template <class V>
@@ -55,7 +56,8 @@ struct CeFixture : ::testing::Test {
 
 TEST_F(CeFixture, TargetOutOfRangeNamesIndexAndValue) {
   Kokkos::deep_copy(Kokkos::subview(targets, 7), 20);
-  expect_rejected([&] { forward(); }, {"tlse::cross_entropy", "'targets'", "targets[7] = 20", "[0, 20)", "ignore_index (-100)"});
+  expect_rejected([&] { forward(); },
+                  {"tlse::cross_entropy", "'targets'", "targets[7] = 20", "[0, 20)", "ignore_index (-100)"});
   untouched();
   Kokkos::deep_copy(Kokkos::subview(targets, 7), -5);
   expect_rejected([&] { forward(); }, {"targets[7] = -5"});
@@ -64,21 +66,24 @@ TEST_F(CeFixture, TargetOutOfRangeNamesIndexAndValue) {
 
 TEST_F(CeFixture, TargetOutOfRangeInBackward) {
   Kokkos::deep_copy(Kokkos::subview(targets, 2), 99);
-  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias); },
-                  {"tlse::cross_entropy_backward", "targets[2] = 99"});
+  expect_rejected(
+      [&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, order, dloss, dE, dC, nobias); },
+      {"tlse::cross_entropy_backward", "targets[2] = 99"});
   expect_untouched(dE, "dE");
   expect_untouched(dC, "dC");
 }
 
 TEST_F(CeFixture, FeatureDimensionMismatch) {
   C::MatrixView C7("C7", V, D + 1);
-  expect_rejected([&] { tlse::cross_entropy(Exec(), E, C7, nobias, targets, loss, lse, order); }, {"'C'", "7 columns", "'E' has 6"});
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, C7, nobias, targets, loss, lse, order); },
+                  {"'C'", "7 columns", "'E' has 6"});
   untouched();
 }
 
 TEST_F(CeFixture, TargetsOfWrongLength) {
   C::IndexView t("t", N - 1);
-  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, t, loss, lse, order); }, {"'targets'", "extent 9", "10"});
+  expect_rejected([&] { tlse::cross_entropy(Exec(), E, Cm, nobias, t, loss, lse, order); },
+                  {"'targets'", "extent 9", "10"});
   untouched();
 }
 
@@ -185,7 +190,8 @@ TEST_F(CeFixture, StridedAndColumnMajorViewsAreRejected) {
   expect_rejected([&] { tlse::cross_entropy(Exec(), strided, Cm, nobias, targets, loss, lse, order); },
                   {"'E'", "row-major contiguous", "strides are (12, 1)"});
   Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace> left("left", N, D);
-  expect_rejected([&] { tlse::cross_entropy(Exec(), left, Cm, nobias, targets, loss, lse, order); }, {"'E'", "strides are (1, 10)"});
+  expect_rejected([&] { tlse::cross_entropy(Exec(), left, Cm, nobias, targets, loss, lse, order); },
+                  {"'E'", "strides are (1, 10)"});
   untouched();
 }
 
@@ -205,15 +211,22 @@ TEST_F(CeFixture, WorkspaceTooSmall) {
 TEST_F(CeFixture, BackwardShapeErrors) {
   C::MatrixView dE_bad("dE", N, D + 2);
   C::IntView natural_order;
-  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, natural_order, dloss, dE_bad, dC, nobias); },
-                  {"'dE'", "extent 8", "6"});
+  expect_rejected(
+      [&] {
+        tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, natural_order, dloss, dE_bad, dC, nobias);
+      },
+      {"'dE'", "extent 8", "6"});
   C::IntView bad_order("o", V);
   Kokkos::deep_copy(bad_order, 25);
-  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, bad_order, dloss, dE, dC, nobias); },
-                  {"'vocab_order'", "vocab_order[0] = 25"});
+  expect_rejected(
+      [&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, bad_order, dloss, dE, dC, nobias); },
+      {"'vocab_order'", "vocab_order[0] = 25"});
   C::AccView dloss_n("dl", N);
-  expect_rejected([&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, natural_order, dloss_n, dE, dC, nobias); },
-                  {"'dloss'", "extent 10", "a reduced loss", "1"});
+  expect_rejected(
+      [&] {
+        tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, natural_order, dloss_n, dE, dC, nobias);
+      },
+      {"'dloss'", "extent 10", "a reduced loss", "1"});
   expect_untouched(dE, "dE");
   expect_untouched(dC, "dC");
 }
@@ -251,7 +264,8 @@ TEST(ExtentBadInput, MoreThan32BitRowsAreRejectedBeforeAnyRead) {
   // Regression: through the C API, n = 2^31 + 5 rows were truncated by the kernels' 32-bit row
   // indices and the call read past `targets` (a segfault). These views point nowhere: nothing may
   // be read.
-  using Unmanaged = Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Unmanaged =
+      Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   const std::size_t rows = std::size_t(1) << 31;
   Unmanaged E(nullptr, rows, 4), Cm(nullptr, 3, 4);
   Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> targets(nullptr, rows);
@@ -265,7 +279,8 @@ TEST(ExtentBadInput, MoreThan32BitRowsAreRejectedBeforeAnyRead) {
 struct ClFixture : ::testing::Test {
   std::mt19937_64 rng{7};
   const std::int64_t b = 12, c = 5;
-  C::MatrixView I = to_device<C>(random_matrix<float>(rng, b, c, 1, true)), T = to_device<C>(random_matrix<float>(rng, b, c, 1, true));
+  C::MatrixView I = to_device<C>(random_matrix<float>(rng, b, c, 1, true)),
+                T = to_device<C>(random_matrix<float>(rng, b, c, 1, true));
   C::AccView loss{"loss", 1}, rl{"rl", std::size_t(b)}, cl{"cl", std::size_t(b)}, dscale{"ds", 1}, dloss{"dl", 1};
   C::IntView none;
   C::MatrixView dI{"dI", std::size_t(b), std::size_t(c)}, dT{"dT", std::size_t(b), std::size_t(c)};
@@ -286,8 +301,10 @@ struct ClFixture : ::testing::Test {
 
 TEST_F(ClFixture, RowCountsAndFeatureDimsMustMatch) {
   C::MatrixView T11("T", b - 1, c), T6("T", b, c + 1);
-  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T11, none, loss, rl, cl); }, {"'T'", "11 rows", "'I' has 12"});
-  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T6, none, loss, rl, cl); }, {"'T'", "6 columns", "'I' has 5"});
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T11, none, loss, rl, cl); },
+                  {"'T'", "11 rows", "'I' has 12"});
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T6, none, loss, rl, cl); },
+                  {"'T'", "6 columns", "'I' has 5"});
   untouched();
 }
 
@@ -295,8 +312,10 @@ TEST_F(ClFixture, ScaleMustBeFiniteAndNonNegative) {
   for (double s : {-1.0, double(NAN), double(INFINITY)}) {
     tlse::ContrastiveOptions o;
     o.scale = s;
-    expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, none, loss, rl, cl, o); }, {"'scale'", "finite and >= 0"});
-    expect_rejected([&] { tlse::contrastive_loss_backward(Exec(), I, T, none, rl, cl, dloss, dI, dT, dscale, o); }, {"'scale'"});
+    expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, none, loss, rl, cl, o); },
+                    {"'scale'", "finite and >= 0"});
+    expect_rejected([&] { tlse::contrastive_loss_backward(Exec(), I, T, none, rl, cl, dloss, dI, dT, dscale, o); },
+                    {"'scale'"});
   }
   untouched();
 }
@@ -312,7 +331,8 @@ TEST_F(ClFixture, ScaleMustNotOverflowFloat) {
 TEST_F(ClFixture, LabelsOutOfRange) {
   C::IntView labels("labels", b);
   Kokkos::deep_copy(Kokkos::subview(labels, 5), 12);
-  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, labels, loss, rl, cl); }, {"'labels'", "labels[5] = 12", "[0, 12)"});
+  expect_rejected([&] { tlse::contrastive_loss(Exec(), I, T, labels, loss, rl, cl); },
+                  {"'labels'", "labels[5] = 12", "[0, 12)"});
   untouched();
 }
 

@@ -47,8 +47,8 @@ struct CrossEntropy {
   /// The step in one call, with this struct's options, no bias and no dC or dbias.
   tlse_status step(const void* dloss_at, void* loss_at, void* dE_at, tlse_dtype dtype = TLSE_F64) {
     return tlse_cross_entropy_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, dtype, N, V, D, E.data(), C.data(),
-                                             nullptr, targets.data(), dloss_at, loss_at, dE_at, nullptr, nullptr, nullptr,
-                                             &options);
+                                             nullptr, targets.data(), dloss_at, loss_at, dE_at, nullptr, nullptr,
+                                             nullptr, &options);
   }
   bool untouched() const {
     for (const auto* out : {&loss, &lse, &dE})
@@ -125,9 +125,10 @@ TEST(CApi, MisalignedArraysAreErrors) {
   CrossEntropy ce;
   std::vector<double> raw(N * D + 1);
   const void* odd = reinterpret_cast<const char*>(raw.data()) + 4;
-  expect_invalid(tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, odd, ce.C.data(),
-                                            nullptr, ce.targets.data(), ce.loss.data(), nullptr, nullptr, nullptr, &ce.options),
-                 {"argument 'E' is at address", "not a multiple of 8 bytes"});
+  expect_invalid(
+      tlse_cross_entropy_forward(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, N, V, D, odd, ce.C.data(), nullptr,
+                                 ce.targets.data(), ce.loss.data(), nullptr, nullptr, nullptr, &ce.options),
+      {"argument 'E' is at address", "not a multiple of 8 bytes"});
   EXPECT_TRUE(ce.untouched());
 }
 

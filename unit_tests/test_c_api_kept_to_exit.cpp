@@ -54,8 +54,9 @@ bool forward(tlse_device device, void* stream) {
     cudaMemcpy(t, targets.data(), n * sizeof(std::int64_t), cudaMemcpyHostToDevice);
   }
 #endif
-  const tlse_status status = tlse_cross_entropy_forward(context, device, stream, TLSE_F64, n, v, d, e, c, nullptr,
-                                                        static_cast<const std::int64_t*>(t), l, s, nullptr, nullptr, &options);
+  const tlse_status status =
+      tlse_cross_entropy_forward(context, device, stream, TLSE_F64, n, v, d, e, c, nullptr,
+                                 static_cast<const std::int64_t*>(t), l, s, nullptr, nullptr, &options);
   if (status != TLSE_SUCCESS) std::printf("forward: %s\n", tlse_last_error());
 #if defined(TLSE_TEST_CUDA)
   if (device == TLSE_DEVICE_CUDA) {

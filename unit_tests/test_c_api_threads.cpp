@@ -55,12 +55,13 @@ struct CrossEntropyRun {
     tlse_cross_entropy_options o;
     tlse_cross_entropy_options_default(&o);
     o.filter_eps = 0;
-    const tlse_status s = tlse_cross_entropy_forward(ctx, device, stream, TLSE_F32, N, V, D, E.data(), C.data(),
-                                                     bias.data(), targets.data(), loss.data(), lse.data(), nullptr, nullptr, &o);
+    const tlse_status s =
+        tlse_cross_entropy_forward(ctx, device, stream, TLSE_F32, N, V, D, E.data(), C.data(), bias.data(),
+                                   targets.data(), loss.data(), lse.data(), nullptr, nullptr, &o);
     if (s != TLSE_SUCCESS) return s;
     return tlse_cross_entropy_backward(ctx, device, stream, TLSE_F32, N, V, D, E.data(), C.data(), bias.data(),
-                                       targets.data(), lse.data(), nullptr, dloss.data(), dE.data(), dC.data(), nullptr, nullptr,
-                                       &o);
+                                       targets.data(), lse.data(), nullptr, dloss.data(), dE.data(), dC.data(), nullptr,
+                                       nullptr, &o);
   }
   bool same_outputs(const CrossEntropyRun& o) const {
     return loss == o.loss && lse == o.lse && dE == o.dE && dC == o.dC;

@@ -36,7 +36,8 @@ struct Contrastive : ::testing::Test {
       expect_close("row_lse", to_host(row_lse), ref.row_lse, [&](std::size_t) { return lse_tol; });
     if (o.direction != tlse::Direction::image_to_text)
       expect_close("col_lse", to_host(col_lse), ref.col_lse, [&](std::size_t) { return lse_tol; });
-    expect_close("loss", to_host(loss), {ref.loss}, [&](std::size_t) { return 2 * lse_tol + 4 * tol.u * std::fabs(ref.loss); });
+    expect_close("loss", to_host(loss), {ref.loss},
+                 [&](std::size_t) { return 2 * lse_tol + 4 * tol.u * std::fabs(ref.loss); });
     auto g = [&](double r, double m) { return tol.grad(r, m, b); };
     expect_grad_close("dI", to_host(dI), ref.dI, ref.dA_mag, g);
     expect_grad_close("dT", to_host(dT), ref.dT, ref.dB_mag, g);
@@ -58,7 +59,8 @@ struct Contrastive : ::testing::Test {
     Tolerance<T> tol(Z, Z, o.scale, 0, tf32_roundoff(o.precision));
     const double lse_tol = tol.lse(max_abs(ref.row_lse), n);
     expect_close("lse", to_host(lse), ref.row_lse, [&](std::size_t) { return lse_tol; });
-    expect_close("loss", to_host(loss), {ref.loss}, [&](std::size_t) { return 2 * lse_tol + 4 * tol.u * std::fabs(ref.loss); });
+    expect_close("loss", to_host(loss), {ref.loss},
+                 [&](std::size_t) { return 2 * lse_tol + 4 * tol.u * std::fabs(ref.loss); });
     // dZ sums two products (G Z + G^T Z), each rounded to the output type in bf16/fp16.
     expect_grad_close("dZ", to_host(dZ), ref.dI, ref.dA_mag,
                       [&](double r, double m) { return 2 * tol.grad(r, m, n) + tol.u_out * m; });
@@ -218,7 +220,8 @@ TYPED_TEST(Contrastive, BitwiseDeterministic) {
     o.scale = 14.3;
     tlse::contrastive_loss(exec, I, T, none, loss, rl, cl, o);
     tlse::contrastive_loss_backward(exec, I, T, none, rl, cl, dloss, dI, dT, dscale, o);
-    return std::vector<std::vector<double>>{to_host(loss), to_host(rl), to_host(cl), to_host(dI), to_host(dT), to_host(dscale)};
+    return std::vector<std::vector<double>>{to_host(loss), to_host(rl), to_host(cl),
+                                            to_host(dI),   to_host(dT), to_host(dscale)};
   };
   const auto first = run(), second = run();
   for (std::size_t k = 0; k < first.size(); ++k)

@@ -100,7 +100,8 @@ struct CrossEntropy : ::testing::Test {
     if (k.int32_targets)
       tlse::cross_entropy(exec, E, Cm, bias, index_to_device<typename C::IntView>(in.targets), loss, lse, order, fx, o);
     else
-      tlse::cross_entropy(exec, E, Cm, bias, index_to_device<typename C::IndexView>(in.targets), loss, lse, order, fx, o);
+      tlse::cross_entropy(exec, E, Cm, bias, index_to_device<typename C::IndexView>(in.targets), loss, lse, order, fx,
+                          o);
 
     // Without vocab_order the forward skips the column logit sums (and may take a device
     // specialization): same results.
@@ -136,7 +137,8 @@ struct CrossEntropy : ::testing::Test {
                          (in.extras.dlse.empty() ? 0.0 : max_abs(in.extras.dlse));
     const auto got_lse = to_host(lse);
     expect_close("lse", got_lse, ref.lse, [&](std::size_t i) { return tol.lse(ref.lse[i], k.V); });
-    expect_close("lse without vocab_order", to_host(lse2), ref.lse, [&](std::size_t i) { return tol.lse(ref.lse[i], k.V); });
+    expect_close("lse without vocab_order", to_host(lse2), ref.lse,
+                 [&](std::size_t i) { return tol.lse(ref.lse[i], k.V); });
     // Class weights scale a row's error by its target's weight, and a mean by sum u_t is no
     // weighted average of the smoothing term: with weights in [0.5, 2], a factor 4 covers both.
     const double loss_tol_row = 2 * tol.lse(lse_max, k.V) * (1 + 2 * o.z_loss * lse_max) * (k.class_weights ? 4 : 1);
@@ -145,7 +147,8 @@ struct CrossEntropy : ::testing::Test {
         expect_close(name, to_host(got), ref.row_loss, [&](std::size_t) { return loss_tol_row; });
       else
         expect_close(name, to_host(got), {ref.loss}, [&](std::size_t) {
-          return loss_tol_row * (o.reduction == tlse::Reduction::sum ? double(std::max<std::int64_t>(ref.active, 1)) : 1.0) +
+          return loss_tol_row *
+                     (o.reduction == tlse::Reduction::sum ? double(std::max<std::int64_t>(ref.active, 1)) : 1.0) +
                  4 * tol.u * std::fabs(ref.loss) * std::sqrt(double(k.N) + 1);
         });
     };
@@ -186,8 +189,9 @@ struct CrossEntropy : ::testing::Test {
                eps * g_max * colsum_E[i % k.D];
       });
       if (!in.bias.empty())
-        expect_close("dbias", to_host(gbias), ref.dbias,
-                     [&](std::size_t j) { return tol.grad(ref.dbias[j], ref.dbias_mag[j], k.N, lse_error, 1 + after); });
+        expect_close("dbias", to_host(gbias), ref.dbias, [&](std::size_t j) {
+          return tol.grad(ref.dbias[j], ref.dbias_mag[j], k.N, lse_error, 1 + after);
+        });
     };
     check_gradients("cross_entropy_backward", dE, dC, dbias, 1);
 
@@ -428,7 +432,8 @@ TYPED_TEST(CrossEntropy, ZLossFromTheReturnedLseEqualsTheOption) {
   TLSE_SEEDED(rng);
   const std::int64_t N = 150, V = 300, D = 24;
   const double z = 1e-2;
-  const Matrix Eh = random_matrix<typename C::Scalar>(rng, N, D), Ch = random_matrix<typename C::Scalar>(rng, V, D, 0.8);
+  const Matrix Eh = random_matrix<typename C::Scalar>(rng, N, D),
+               Ch = random_matrix<typename C::Scalar>(rng, V, D, 0.8);
   auto E = to_device<C>(Eh), Cm = to_device<C>(Ch);
   std::vector<std::int64_t> t(N);
   std::int64_t scored = 0;
@@ -731,7 +736,8 @@ TYPED_TEST(CrossEntropy, BitwiseDeterministic) {
     return std::vector<std::vector<double>>{to_host(loss), to_host(lse), to_host(dE), to_host(dC)};
   };
   const auto first = run(), second = run();
-  for (std::size_t k = 0; k < first.size(); ++k) EXPECT_EQ(0, std::memcmp(first[k].data(), second[k].data(), first[k].size() * sizeof(double))) << k;
+  for (std::size_t k = 0; k < first.size(); ++k)
+    EXPECT_EQ(0, std::memcmp(first[k].data(), second[k].data(), first[k].size() * sizeof(double))) << k;
 }
 
 TYPED_TEST(CrossEntropy, AccumulateAddsToExistingGradients) {

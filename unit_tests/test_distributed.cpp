@@ -227,7 +227,8 @@ struct Distributed : ::testing::Test {
     for (auto& d : dloss) d = representable<Acc>(double(rng() % 100) / 50 - 0.9);
     tlse::testing::CrossEntropyReferenceExtras rx;
     if (extras) {
-      for (std::int64_t j = 0; j < V; ++j) rx.class_weight.push_back(representable<Acc>(0.5 + double(rng() % 150) / 100));
+      for (std::int64_t j = 0; j < V; ++j)
+        rx.class_weight.push_back(representable<Acc>(0.5 + double(rng() % 150) / 100));
       for (std::int64_t i = 0; i < N; ++i) rx.dlse.push_back(representable<Acc>(double(rng() % 200) / 100 - 1));
     }
     const auto ref = tlse::testing::cross_entropy_reference(E, W, bias, targets, o, dloss, rx);
@@ -312,8 +313,9 @@ struct Distributed : ::testing::Test {
         return 2 * (tol.grad(ref.dC.v[gk], ref.dB_mag.v[gk], N, lse_tol) + eps * g_max * colsum_E[k % D]);
       });
       if (with_bias)
-        expect_close("dbias", to_host(db), slice(to_host(db1), voff, vr),
-                     [&](std::size_t k) { return 2 * tol.grad(ref.dbias[voff + k], ref.dbias_mag[voff + k], N, lse_tol); });
+        expect_close("dbias", to_host(db), slice(to_host(db1), voff, vr), [&](std::size_t k) {
+          return 2 * tol.grad(ref.dbias[voff + k], ref.dbias_mag[voff + k], N, lse_tol);
+        });
     });
   }
 };

@@ -43,7 +43,8 @@ TEST(GridStride, EveryItemOnceAtCountsPastTheCappedGrid) {
     index_t wrong = 0, first_wrong = -1;
     for (index_t i = 0; i < n; ++i)
       if (host[std::size_t(i)] != 1 && wrong++ == 0) first_wrong = i;
-    EXPECT_EQ(wrong, 0) << "first at " << first_wrong << ", visited " << int(host[std::size_t(first_wrong)]) << " times";
+    EXPECT_EQ(wrong, 0) << "first at " << first_wrong << ", visited " << int(host[std::size_t(first_wrong)])
+                        << " times";
   }
 }
 

@@ -31,8 +31,8 @@ TEST(HopperPlan, CheapestPanelWithinTheBudget) {
     EXPECT_EQ(p.ldg % 8, 0);
     EXPECT_GE(p.ldg, p.panel);
     // No width that fits costs less, and none wider costs as little.
-    for (std::int64_t w = FusedBackwardPlan::TILE_N; w < c.cols + FusedBackwardPlan::TILE_N && w <= FusedBackwardPlan::MAX_PANEL;
-         w += FusedBackwardPlan::TILE_N) {
+    for (std::int64_t w = FusedBackwardPlan::TILE_N;
+         w < c.cols + FusedBackwardPlan::TILE_N && w <= FusedBackwardPlan::MAX_PANEL; w += FusedBackwardPlan::TILE_N) {
       const auto other = FusedBackwardPlan::with_panel(c.rows, c.cols, c.depth, std::min(w, c.cols), H200_SMS);
       if (other.bytes > c.budget || other.panel == p.panel) continue;
       if (other.panel > p.panel)

@@ -216,9 +216,10 @@ inline void expect_grad_close(const char* what, const std::vector<double>& got, 
 #elif defined(TLSE_TEST_OPENMP_ONLY)
 // The sanitizer build (scripts/sanitize.sh) and the distributed test: Serial runs the same generic
 // kernels as OpenMP, and leaving it out halves their compile time.
-#define TLSE_TEST_CONFIGS                                                                                    \
-  ::testing::Types<tlse::test::Config<Kokkos::OpenMP, float>, tlse::test::Config<Kokkos::OpenMP, double>,   \
-                   tlse::test::Config<Kokkos::OpenMP, tlse::bfloat16>, tlse::test::Config<Kokkos::OpenMP, tlse::float16>>
+#define TLSE_TEST_CONFIGS                                                                                 \
+  ::testing::Types<tlse::test::Config<Kokkos::OpenMP, float>, tlse::test::Config<Kokkos::OpenMP, double>, \
+                   tlse::test::Config<Kokkos::OpenMP, tlse::bfloat16>,                                    \
+                   tlse::test::Config<Kokkos::OpenMP, tlse::float16>>
 #else
 #define TLSE_TEST_CONFIGS                                                                                    \
   ::testing::Types<tlse::test::Config<Kokkos::Serial, float>, tlse::test::Config<Kokkos::Serial, double>,   \

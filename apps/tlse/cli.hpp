@@ -259,7 +259,8 @@ inline Options parse_command_line(int argc, const char* const* argv) {
       o.tf32 = p == "tf32";
     } else if (flag == "--memory-budget") {
       const std::int64_t mib = detail::positive_integer(flag, next());
-      if (mib > (std::int64_t(1) << 30)) throw UsageError(flag + " is in MiB and at most 2^30, got '" + std::to_string(mib) + "'");
+      if (mib > (std::int64_t(1) << 30))
+        throw UsageError(flag + " is in MiB and at most 2^30, got '" + std::to_string(mib) + "'");
       o.memory_budget = std::size_t(mib) << 20;
     } else if (flag == "--iterations") {
       const std::int64_t k_it = detail::positive_integer(flag, next());

@@ -34,8 +34,8 @@ void training_step(Loss& loss, Grad& dA, Grad& dB, long) {
   loss.backward(dA, dB);
 }
 
-/// Times forward() and a training step (forward() + backward(), or step()) of `loss` (TiledLSE or baseline, same interface)
-/// and keeps its loss and the gradients of its last step.
+/// Times forward() and a training step (forward() + backward(), or step()) of `loss` (TiledLSE or baseline, same
+/// interface) and keeps its loss and the gradients of its last step.
 template <class T, class Loss>
 Outcome measure(const Options& o, const std::string& name, Loss& loss, std::int64_t rows_a, std::int64_t rows_b,
                 std::int64_t depth) {

@@ -54,7 +54,11 @@ typedef enum tlse_status TLSE_INT_ENUM {
 
 typedef enum tlse_dtype TLSE_INT_ENUM { TLSE_F32 = 0, TLSE_F64 = 1, TLSE_BF16 = 2, TLSE_F16 = 3 } tlse_dtype;
 typedef enum tlse_device TLSE_INT_ENUM { TLSE_DEVICE_HOST = 0, TLSE_DEVICE_CUDA = 1 } tlse_device;
-typedef enum tlse_reduction TLSE_INT_ENUM { TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2 } tlse_reduction;
+typedef enum tlse_reduction TLSE_INT_ENUM {
+  TLSE_REDUCTION_NONE = 0,
+  TLSE_REDUCTION_SUM = 1,
+  TLSE_REDUCTION_MEAN = 2
+} tlse_reduction;
 typedef enum tlse_direction TLSE_INT_ENUM {
   TLSE_DIRECTION_SYMMETRIC = 0,     /* (image-to-text + text-to-image) / 2, as CLIP */
   TLSE_DIRECTION_IMAGE_TO_TEXT = 1,
@@ -99,7 +103,8 @@ typedef struct tlse_cross_entropy_options {
 typedef struct tlse_cross_entropy_extras {
   const void* class_weight; /**< v (this rank's v for a vocabulary shard): F.cross_entropy's `weight`, each class's
                                weight, finite and >= 0; a row's loss is multiplied by its target's weight and `mean`
-                               divides by the scored rows' total weight. Every call; give the forward's to the backward */
+                               divides by the scored rows' total weight. Every call; give the forward's to the
+                               backward */
   const void* dlse;         /**< n: the gradient reaching the forward's lse output (a loss built from the returned
                                LSE, e.g. a z-loss); backward and step only */
   int64_t* predicted;       /**< n: each scored row's argmax class (ties: the lowest id), -1 for rows not scored;
@@ -275,7 +280,12 @@ TLSE_API tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_
 /* ---- Distributed calls: the caller's communicator, as callbacks --------------------------- */
 
 /* Element types and reductions of tlse_communicator.allreduce. */
-typedef enum tlse_comm_dtype TLSE_INT_ENUM { TLSE_COMM_F32 = 0, TLSE_COMM_F64 = 1, TLSE_COMM_I32 = 2, TLSE_COMM_I64 = 3 } tlse_comm_dtype;
+typedef enum tlse_comm_dtype TLSE_INT_ENUM {
+  TLSE_COMM_F32 = 0,
+  TLSE_COMM_F64 = 1,
+  TLSE_COMM_I32 = 2,
+  TLSE_COMM_I64 = 3
+} tlse_comm_dtype;
 typedef enum tlse_comm_op TLSE_INT_ENUM { TLSE_COMM_SUM = 0, TLSE_COMM_MAX = 1 } tlse_comm_op;
 
 /** The caller's communication, for the *_distributed calls: any transport (MPI, NCCL, a framework's

@@ -153,7 +153,8 @@ ElementBytes element_bytes(const char* function, tlse_dtype dtype) {
     case TLSE_BF16:
     case TLSE_F16: return {2, 4};
   }
-  invalid(function, "dtype", "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
+  invalid(function, "dtype",
+          "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
 }
 
 std::string address(std::uintptr_t p) {
@@ -237,7 +238,8 @@ class CallerArrays {
 tlse::capi::Launch launch_for(const char* function, tlse_context* context, tlse_device device, void* stream) {
   tlse::capi::Launch l;
   if (device != TLSE_DEVICE_HOST && device != TLSE_DEVICE_CUDA)
-    invalid(function, "device", "is " + std::to_string(int(device)) + ", not TLSE_DEVICE_HOST (0) or TLSE_DEVICE_CUDA (1)");
+    invalid(function, "device",
+            "is " + std::to_string(int(device)) + ", not TLSE_DEVICE_HOST (0) or TLSE_DEVICE_CUDA (1)");
   l.device = device;
   if (device == TLSE_DEVICE_HOST) check_host_thread(function);
   if (device == TLSE_DEVICE_CUDA) {
@@ -258,7 +260,8 @@ tlse::capi::Launch launch_for(const char* function, tlse_context* context, tlse_
 #else
     (void)context, (void)stream;
     throw Error(TLSE_ERROR_UNSUPPORTED,
-                std::string(function) + ": argument 'device' is TLSE_DEVICE_CUDA but this TiledLSE library was built without CUDA");
+                std::string(function) +
+                    ": argument 'device' is TLSE_DEVICE_CUDA but this TiledLSE library was built without CUDA");
 #endif
   }
   return l;
@@ -273,7 +276,8 @@ void by_dtype(const char* function, tlse_dtype dtype, F&& f) {
     case TLSE_BF16: return f(tlse::bfloat16{});
     case TLSE_F16: return f(tlse::float16{});
   }
-  invalid(function, "dtype", "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
+  invalid(function, "dtype",
+          "is " + std::to_string(int(dtype)) + ", not one of TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16");
 }
 
 tlse::Precision precision_of(const char* function, std::int32_t precision) {
@@ -803,8 +807,8 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
   static const char* fn = "tlse_cross_entropy_backward";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
-    const auto a = cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, vocab_order,
-                                               dloss, dE, dC, dbias, extras, options);
+    const auto a = cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse,
+                                               vocab_order, dloss, dE, dC, dbias, extras, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
   });
@@ -846,7 +850,8 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
   static const char* fn = "tlse_contrastive_forward";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
-    const auto a = contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse, options);
+    const auto a =
+        contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
   });
@@ -860,8 +865,8 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
   static const char* fn = "tlse_contrastive_backward";
   return guarded(fn, [&] {
     const CallLock lock(fn, context);
-    const auto a = contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
-                                             dscale, extras, options);
+    const auto a = contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss,
+                                             dI, dT, dscale, extras, options);
     const auto launch = launch_for(fn, context, device, stream);
     by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
   });
@@ -915,8 +920,8 @@ tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const 
     distributed_call(
         fn, context, comm, device, stream, dtype,
         [&] {
-          return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse, nullptr,
-                                            extras, options);
+          return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse,
+                                            nullptr, extras, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a);
@@ -936,8 +941,8 @@ tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const
     distributed_call(
         fn, context, comm, device, stream, dtype,
         [&] {
-          return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, nullptr, dloss,
-                                             dE, dC, dbias, extras, options);
+          return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, nullptr,
+                                             dloss, dE, dC, dbias, extras, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a);
@@ -954,7 +959,10 @@ tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tl
   return guarded(fn, [&] {
     distributed_call(
         fn, context, comm, device, stream, dtype,
-        [&] { return contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse, options); },
+        [&] {
+          return contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse,
+                                          options);
+        },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a);
         });
@@ -972,8 +980,8 @@ tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const t
     distributed_call(
         fn, context, comm, device, stream, dtype,
         [&] {
-          return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI, dT,
-                                           dscale, nullptr, options);
+          return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI,
+                                           dT, dscale, nullptr, options);
         },
         [](auto tag, const auto& launch, const auto& cb, const auto& a) {
           tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a);

@@ -83,7 +83,8 @@ struct ContrastiveCore {
     a.g_col = c.take<Acc>(want_col ? b : 0);
     a.total = c.take<Acc>(1);
     // The forward's split LSE partials (about 32 MiB at b = 65536 on an H100): the backward has none.
-    a.partials = c.take<Acc>(backward ? 0 : forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
+    a.partials =
+        c.take<Acc>(backward ? 0 : forward_partials_size(ForwardGrid::plan(exec, b, b), b, b, want_col, false));
     const BackwardShape shape{b, b, depth, o.precision, o.memory_budget};
     a.scratch_bytes = backward ? backward_scratch_bytes<T>(exec, shape) : 0;
     a.scratch = c.take<char>(index_t(a.scratch_bytes));
@@ -259,7 +260,8 @@ void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LabelV&
 ///         layout, label, option or workspace size (and on NaN/Inf with NonFinite::detect),
 ///         before any output is written.
 template <class Exec, class IV, class TV, class LossV>
-void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LossV& loss, const ContrastiveOptions& opts = {}) {
+void contrastive_loss(const Exec& exec, const IV& I, const TV& Tx, const LossV& loss,
+                      const ContrastiveOptions& opts = {}) {
   using Mem = typename IV::memory_space;
   using Acc = accumulator_t<impl::scalar_of<IV>>;
   contrastive_loss(exec, I, Tx, Kokkos::View<const int*, Mem>(), loss, Kokkos::View<Acc*, Mem>(),
@@ -379,7 +381,8 @@ template <class Exec, class ZV>
 index_t check_self(const Exec& exec, const ArgumentChecker& check, const ZV& Z, const ContrastiveOptions& o) {
   check.matrix("Z", Z);
   if (Z.extent(0) % 2 != 0)
-    check.fail("Z", "has " + std::to_string(Z.extent(0)) + " rows; the self-similarity form needs 2B rows (two views of B samples)");
+    check.fail("Z", "has " + std::to_string(Z.extent(0)) +
+                        " rows; the self-similarity form needs 2B rows (two views of B samples)");
   check.finite_nonnegative<accumulator_t<scalar_of<ZV>>>("scale", o.scale);
   check_finite(exec, check, "Z", Z, o.non_finite);
   return index_t(Z.extent(0));
@@ -427,7 +430,8 @@ void self_contrastive_loss(const Exec& exec, const ZV& Z, const LossV& loss, con
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::self_problem<T, Acc>(Z, opts), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts, false); },
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts, false); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.forward(a, impl::DirectionWeights(Direction::image_to_text), loss.data());
@@ -471,7 +475,8 @@ void self_contrastive_loss_backward(const Exec& exec, const ZV& Z, const LseV& l
   using Core = impl::ContrastiveCore<Exec, T, Acc>;
   const Core core{exec, impl::self_problem<T, Acc>(Z, opts), n, false};
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts, true); },
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) { return Core::layout(exec, c, n, Z.extent(1), false, opts, true); },
       [&](const typename Core::Arrays& a) {
         impl::fill_self_positives(exec, n, a.positive);
         core.backward(a, impl::DirectionWeights(Direction::image_to_text), lse.data(), nullptr, dloss.data(),

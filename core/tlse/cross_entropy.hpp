@@ -179,7 +179,8 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
 /// \throws std::invalid_argument as the overload with extras.
 template <class Exec, class EV, class CV, class BiasV, class TargetV, class LossV, class LseV, class OrderV>
 void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
-                   const LossV& loss, const LseV& lse, const OrderV& vocab_order, const CrossEntropyOptions& opts = {}) {
+                   const LossV& loss, const LseV& lse, const OrderV& vocab_order,
+                   const CrossEntropyOptions& opts = {}) {
   cross_entropy(exec, E, C, bias, targets, loss, lse, vocab_order,
                 CrossEntropyExtras<accumulator_t<impl::scalar_of<EV>>, typename Exec::memory_space>{}, opts);
 }
@@ -256,13 +257,13 @@ void cross_entropy_backward_rows(const Call& call, const int* row_target, const 
 /// \throws std::invalid_argument naming the call, the argument and the values on a wrong shape,
 ///         layout, target, option or workspace size (and on NaN/Inf with NonFinite::detect),
 ///         before any output is written.
-template <class Exec, class EV, class CV, class BiasV, class TargetV, class LseV, class OrderV, class DLossV,
-          class DEV, class DCV, class DBiasV>
-void cross_entropy_backward(const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets,
-                            const LseV& lse, const OrderV& vocab_order, const DLossV& dloss, const DEV& dE,
-                            const DCV& dC, const DBiasV& dbias,
-                            const CrossEntropyExtras<accumulator_t<impl::scalar_of<EV>>, typename Exec::memory_space>& extras,
-                            const CrossEntropyOptions& opts = {}) {
+template <class Exec, class EV, class CV, class BiasV, class TargetV, class LseV, class OrderV, class DLossV, class DEV,
+          class DCV, class DBiasV>
+void cross_entropy_backward(
+    const Exec& exec, const EV& E, const CV& C, const BiasV& bias, const TargetV& targets, const LseV& lse,
+    const OrderV& vocab_order, const DLossV& dloss, const DEV& dE, const DCV& dC, const DBiasV& dbias,
+    const CrossEntropyExtras<accumulator_t<impl::scalar_of<EV>>, typename Exec::memory_space>& extras,
+    const CrossEntropyOptions& opts = {}) {
   const impl::ArgumentChecker check("tlse::cross_entropy_backward");
   auto call = impl::cross_entropy_call(exec, check, E, C, bias, targets, opts, extras);
   using T = typename decltype(call)::T;
@@ -401,8 +402,8 @@ void cross_entropy_with_gradients(
   }
   if (done) return;
   // The two calls; their checks pass (the same as above). The forward's saved LSEs live here.
-  Kokkos::View<Acc*, Mem> lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "tlse::cross_entropy_with_gradients::lse"),
-                              N);
+  Kokkos::View<Acc*, Mem> lse(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "tlse::cross_entropy_with_gradients::lse"), N);
   CrossEntropyExtras<Acc, typename Exec::memory_space> forward_extras = extras, backward_extras;
   forward_extras.dlse = {};
   backward_extras.class_weight = extras.class_weight;

@@ -45,7 +45,8 @@ void check_linear(const Exec& exec, const ArgumentChecker& check, const AV& A, c
   check.optional("bias", bias, B.extent(0), "B's row count");
   check.finite_nonnegative<accumulator_t<scalar_of<AV>>>("scale", o.scale);
   if (o.valid_cols < -1 || o.valid_cols > std::int64_t(B.extent(0)))
-    check.fail("valid_cols", "is " + std::to_string(o.valid_cols) + ", outside [-1, " + std::to_string(B.extent(0)) + "]");
+    check.fail("valid_cols",
+               "is " + std::to_string(o.valid_cols) + ", outside [-1, " + std::to_string(B.extent(0)) + "]");
   check_finite(exec, check, "A", A, o.non_finite);
   check_finite(exec, check, "B", B, o.non_finite);
   check_finite(exec, check, "bias", bias, o.non_finite);
@@ -109,7 +110,9 @@ void linear_lse(const Exec& exec, const AV& A, const BV& B, const BiasV& bias, c
   const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, prob.cols.count);
   impl::with_workspace(
       check.function(), exec, opts.workspace,
-      [&](impl::WorkspaceCarver& c) { return impl::carve_linear_partials<Acc>(c, exec, prob.rows.count, prob.cols.count); },
+      [&](impl::WorkspaceCarver& c) {
+        return impl::carve_linear_partials<Acc>(c, exec, prob.rows.count, prob.cols.count);
+      },
       [&](Acc* partials) { impl::lse_forward(exec, prob, grid, partials, lse.data(), (Acc*)nullptr, (Acc*)nullptr); });
   Kokkos::Profiling::popRegion();
 }

@@ -242,7 +242,8 @@ TLSE_HOP_API int tlse_hop_product(tlse_hop_product_args* args, void* cuda_stream
 
 /** Bytes of `workspace` tlse_hop_product needs for these sizes: 0 when K is not split, or for sizes below 1 or a
  * dtype that is not a TLSE_HOP_* type (tlse_hop_error_string then names it). */
-TLSE_HOP_API size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits, int device);
+TLSE_HOP_API size_t tlse_hop_product_workspace(int32_t dtype, int64_t M, int64_t N, int64_t K, int64_t max_k_splits,
+                                               int device);
 
 /** The reason for the last non-zero return of this thread's last call, or "". */
 TLSE_HOP_API const char* tlse_hop_error_string(void);

@@ -78,7 +78,8 @@ class ArgumentChecker {
   /// An optional output matrix (a gradient): empty (not requested), or row-major of exactly
   /// rows x cols. Returns whether it was requested.
   template <class V>
-  bool optional_matrix(const char* name, const V& v, std::size_t rows, std::size_t cols, const std::string& like) const {
+  bool optional_matrix(const char* name, const V& v, std::size_t rows, std::size_t cols,
+                       const std::string& like) const {
     if (v.size() == 0) return false;
     matrix(name, v);
     extent(name, v.extent(0), rows, like + "'s row count");

@@ -123,8 +123,10 @@ template <class T, class Exec>
 std::size_t pass_scratch_bytes(const Exec& exec, const BackwardShape& shape) {
   if (!specializations_enabled()) return 0;
   using Spec = LseBackwardSpecialization<Exec>;
-  const std::size_t by_rows = Spec::template scratch_bytes<T>(exec, shape.rows, shape.cols, shape.depth, shape.precision);
-  const std::size_t by_cols = Spec::template scratch_bytes<T>(exec, shape.cols, shape.rows, shape.depth, shape.precision);
+  const std::size_t by_rows =
+      Spec::template scratch_bytes<T>(exec, shape.rows, shape.cols, shape.depth, shape.precision);
+  const std::size_t by_cols =
+      Spec::template scratch_bytes<T>(exec, shape.cols, shape.rows, shape.depth, shape.precision);
   return by_rows > by_cols ? by_rows : by_cols;
 }
 

@@ -105,7 +105,8 @@ struct CrossEntropyCall {
     if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
       check.fail("label_smoothing", "must be in [0, 1], got " + check.number(o.label_smoothing));
     const double eps = resolved_filter_eps<T>(o);
-    if (!(eps >= 0 && eps <= 1)) check.fail("filter_eps", "must be in [0, 1] or filter_eps_auto, got " + check.number(eps));
+    if (!(eps >= 0 && eps <= 1))
+      check.fail("filter_eps", "must be in [0, 1] or filter_eps_auto, got " + check.number(eps));
   }
 
   /// Validates everything the forward and the backward share; counts the active rows and the
@@ -121,7 +122,8 @@ struct CrossEntropyCall {
     check_options();
     check.optional("class_weight", x.class_weight, V, "C's row count (the vocabulary)");
     if (o.ignore_index >= 0 && o.ignore_index < V)
-      check.fail("ignore_index", "is " + std::to_string(o.ignore_index) + ", a valid class in [0, " + std::to_string(V) + ")");
+      check.fail("ignore_index",
+                 "is " + std::to_string(o.ignore_index) + ", a valid class in [0, " + std::to_string(V) + ")");
     check_finite(exec, check, "E", E, o.non_finite);
     check_finite(exec, check, "C", C, o.non_finite);
     check_finite(exec, check, "bias", bias, o.non_finite);
@@ -149,8 +151,8 @@ struct CrossEntropyCall {
       Acc value = 0;
       Kokkos::deep_copy(exec, Kokkos::View<Acc, Kokkos::HostSpace>(&value), Kokkos::subview(x.class_weight, first_bad));
       exec.fence();
-      check.fail("class_weight", "has class_weight[" + std::to_string(first_bad) + "] = " + check.number(double(value)) +
-                                     "; class weights must be finite and >= 0");
+      check.fail("class_weight", "has class_weight[" + std::to_string(first_bad) +
+                                     "] = " + check.number(double(value)) + "; class weights must be finite and >= 0");
     }
     return double(total);
   }
@@ -219,7 +221,8 @@ struct CrossEntropyCall {
     static_check_view<Exec, DEV, 2>();
     static_check_view<Exec, DCV, 2>();
     static_check_view<Exec, DBiasV, 1>();
-    static_assert(std::is_same<typename DEV::value_type, T>::value && std::is_same<typename DCV::value_type, T>::value &&
+    static_assert(std::is_same<typename DEV::value_type, T>::value &&
+                      std::is_same<typename DCV::value_type, T>::value &&
                       std::is_same<typename DBiasV::value_type, T>::value,
                   "tlse::cross_entropy_backward, cross_entropy_with_gradients: dE, dC and dbias are non-const views "
                   "of the input scalar type");

@@ -122,7 +122,8 @@ struct ForwardTiles {
           if (row_best)
             for (int j = 0; j < mc; ++j) {
               const index_t id = prob.cols.id(c0 + j);
-              if (better_entry(x[j], id, run_best[i], index_t(run_best_id[i]))) run_best[i] = x[j], run_best_id[i] = int(id);
+              if (better_entry(x[j], id, run_best[i], index_t(run_best_id[i])))
+                run_best[i] = x[j], run_best_id[i] = int(id);
             }
           if (row_weighted_sum)
             for (int j = 0; j < mc; ++j) run_wsum[i] += (col_weight ? col_weight[prob.cols.id(c0 + j)] : Acc(1)) * x[j];

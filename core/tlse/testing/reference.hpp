@@ -92,7 +92,8 @@ inline LinearLseReference linear_lse_reference(const Matrix& A, const Matrix& B,
   Matrix X(A.rows, B.rows);
   for (std::int64_t i = 0; i < A.rows; ++i)
     for (std::int64_t j = 0; j < B.rows; ++j) {
-      const bool masked = (o.valid_cols >= 0 && j >= o.valid_cols) || (o.exclude_diagonal && i + o.diagonal_offset == j);
+      const bool masked =
+          (o.valid_cols >= 0 && j >= o.valid_cols) || (o.exclude_diagonal && i + o.diagonal_offset == j);
       X(i, j) = masked ? -inf : o.scale * detail::dot(A, i, B, j) + (bias.empty() ? 0.0 : bias[j]);
     }
   LinearLseReference r{std::vector<double>(A.rows), Matrix(A.rows, A.cols), Matrix(B.rows, B.cols), {}, {}, 0};
@@ -161,7 +162,8 @@ inline CrossEntropyReference cross_entropy_reference(const Matrix& E, const Matr
   double weight_total = 0, class_total = 0;
   for (std::int64_t j = 0; j < V; ++j) class_total += u(j);
   for (std::int64_t i = 0; i + o.shift < N; ++i)
-    if (targets[i + o.shift] != o.ignore_index) target[i] = targets[i + o.shift], ++r.active, weight_total += u(target[i]);
+    if (targets[i + o.shift] != o.ignore_index)
+      target[i] = targets[i + o.shift], ++r.active, weight_total += u(target[i]);
   const bool mean = o.reduction == Reduction::mean;
   const double ce_scale = mean ? (weight_total > 0 ? 1 / weight_total : 0.0) : 1.0;
   const double z_scale = mean ? (r.active ? 1.0 / double(r.active) : 0.0) : 1.0;
@@ -234,8 +236,9 @@ struct ContrastiveReference {
 };
 
 /// Paired contrastive loss; labels empty means the diagonal.
-inline ContrastiveReference contrastive_reference(const Matrix& I, const Matrix& T, const std::vector<std::int64_t>& labels,
-                                                  const ContrastiveOptions& o, double dloss) {
+inline ContrastiveReference contrastive_reference(const Matrix& I, const Matrix& T,
+                                                  const std::vector<std::int64_t>& labels, const ContrastiveOptions& o,
+                                                  double dloss) {
   const std::int64_t b = I.rows;
   const double wr = o.direction == Direction::text_to_image ? 0 : o.direction == Direction::symmetric ? 0.5 : 1;
   const double wc = o.direction == Direction::image_to_text ? 0 : o.direction == Direction::symmetric ? 0.5 : 1;

@@ -134,8 +134,9 @@ class CallbackCommunicator {
     using Mem = typename Exec::memory_space;
     if (bytes == 0) return Request();
     if (cb_.size == 1) {
-      Kokkos::deep_copy(exec_, impl::UnmanagedBytes<Mem>(reinterpret_cast<char*>(recv.data()), bytes),
-                        impl::UnmanagedBytes<Mem>(const_cast<char*>(reinterpret_cast<const char*>(send.data())), bytes));
+      Kokkos::deep_copy(
+          exec_, impl::UnmanagedBytes<Mem>(reinterpret_cast<char*>(recv.data()), bytes),
+          impl::UnmanagedBytes<Mem>(const_cast<char*>(reinterpret_cast<const char*>(send.data())), bytes));
       return Request();
     }
     exec_.fence();

@@ -205,7 +205,8 @@ void cross_entropy(const Comm& comm, const EV& E, const CV& C, const BiasV& bias
   // The shard's row statistics: the argmax (local ids; the largest logit) and, under a softcap,
   // label smoothing's weighted logit sums.
   const index_t parts = want_argmax || tlse::impl::smoothing_in_tiles(opts) ? grid.grid_cols * n_active : 0;
-  Kokkos::View<Acc*, Mem> best("tlse::row_best", want_argmax ? parts : 0), best_value("tlse::best_value", want_argmax ? N : 0),
+  Kokkos::View<Acc*, Mem> best("tlse::row_best", want_argmax ? parts : 0),
+      best_value("tlse::best_value", want_argmax ? N : 0),
       sum_parts("tlse::row_sum_parts", tlse::impl::smoothing_in_tiles(opts) ? parts : 0);
   Kokkos::View<int*, Mem> best_id("tlse::row_best_id", want_argmax ? parts : 0);
   Kokkos::View<std::int64_t*, Mem> local_argmax("tlse::local_argmax", want_argmax ? N : 0);
@@ -366,8 +367,8 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
         });
     comm.allreduce(target_weight, ReduceOp::sum);
   }
-  Kokkos::View<Acc*, Mem> g("tlse::g", N), w("tlse::w", N), softmax("tlse::softmax", N), lse_factor("tlse::lse_factor", N),
-      spread("tlse::spread", opts.label_smoothing > 0 ? N : 0);
+  Kokkos::View<Acc*, Mem> g("tlse::g", N), w("tlse::w", N), softmax("tlse::softmax", N),
+      lse_factor("tlse::lse_factor", N), spread("tlse::spread", opts.label_smoothing > 0 ? N : 0);
   call.gradient_coefficients(act, dloss, shard.weighted ? target_weight.data() : nullptr, w.data(), softmax.data(),
                              lse_factor.data(), opts.label_smoothing > 0 ? spread.data() : nullptr);
   call.softmax_weights(act, softmax.data(), lse_factor.data(), lse.data(), g.data());
@@ -390,7 +391,8 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   tlse::impl::BackwardRequest<T, Acc> r{};
   r.prob = call.problem(active.data(), position.data(), nullptr);
   r.row_terms = {lse.data(), g.data(), local_target.data(), w.data()};
-  if (tlse::impl::smoothing_in_tiles(opts)) r.row_terms.spread = spread.data(), r.row_terms.spread_weight = call.class_weight();
+  if (tlse::impl::smoothing_in_tiles(opts))
+    r.row_terms.spread = spread.data(), r.row_terms.spread_weight = call.class_weight();
   r.filter_eps = Acc(tlse::impl::resolved_filter_eps<T>(opts));
   r.grad_rows = want_dE ? direct ? reinterpret_cast<T*>(part.data()) : staged.data() : nullptr;
   r.grad_cols = want_dC ? dC.data() : nullptr;
@@ -408,7 +410,8 @@ void cross_entropy_backward(const Comm& comm, const EV& E, const CV& C, const Bi
   }
   if (tlse::impl::smoothing_by_vectors(opts) && Vr > 0) {  // this shard's share, before dE's sum
     impl::OwnedSmoothingVectors<Acc, Exec> vectors(exec, std::max(N, Vr), D, true);
-    call.smoothing_gradients(act, spread.data(), vectors.vectors, part, want_dC ? dC : DCV(), want_dbias ? dbias : DBiasV());
+    call.smoothing_gradients(act, spread.data(), vectors.vectors, part, want_dC ? dC : DCV(),
+                             want_dbias ? dbias : DBiasV());
   }
   if (want_dE) {
     Acc* p = part.data();

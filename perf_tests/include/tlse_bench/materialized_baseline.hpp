@@ -88,7 +88,8 @@ class Operand {
       const auto in = in_;
       const auto out = acc_;
       Kokkos::parallel_for(
-          "tlse::baseline::widen", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec, {0, 0}, {in.extent(0), in.extent(1)}),
+          "tlse::baseline::widen",
+          Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec, {0, 0}, {in.extent(0), in.extent(1)}),
           KOKKOS_LAMBDA(std::size_t i, std::size_t k) { out(i, k) = impl::to_acc<Acc>(in(i, k)); });
     }
   }
@@ -125,7 +126,8 @@ class GradientBuffer {
     if constexpr (copied) {
       const auto in = acc_;
       Kokkos::parallel_for(
-          "tlse::baseline::narrow", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec, {0, 0}, {in.extent(0), in.extent(1)}),
+          "tlse::baseline::narrow",
+          Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>>(exec, {0, 0}, {in.extent(0), in.extent(1)}),
           KOKKOS_LAMBDA(std::size_t i, std::size_t k) { out(i, k) = impl::from_acc<T>(in(i, k)); });
     }
   }

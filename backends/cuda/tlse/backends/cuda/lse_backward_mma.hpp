@@ -218,7 +218,8 @@ __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid
   nt_sweep<T, GradientEpilogue<T, F>, Product>(p.A, p.B, p.f.prob.depth, row0, p.a_end, ct_begin, ct_end,
                                                reinterpret_cast<std::uint16_t*>(smem_raw), epi);
   const int tid = threadIdx.x;
-  if (p.part && tid < BM && row0 + tid < p.a_end) p.part[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run;
+  if (p.part && tid < BM && row0 + tid < p.a_end)
+    p.part[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run;
 }
 
 /// out = G (chunk x ldp, row-major) times the other side's rows X (K = X.count, row k of X

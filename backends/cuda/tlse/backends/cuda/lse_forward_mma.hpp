@@ -98,7 +98,8 @@ struct LseEpilogue {
         for (int q = 0; q < 4; ++q) {
           const float v = red_max[q][w.tid];
           const int col = red_col[q][w.tid];
-          if (col != INT32_MAX && (v > run_best || (v == run_best && col < run_best_col))) run_best = v, run_best_col = col;
+          if (col != INT32_MAX && (v > run_best || (v == run_best && col < run_best_col)))
+            run_best = v, run_best_col = col;
         }
     }
     if constexpr (Columns) columns(acc, col_base);

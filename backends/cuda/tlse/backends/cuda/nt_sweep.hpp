@@ -30,7 +30,8 @@ using TileAccumulator = float[4][4][4];
 
 struct WarpPosition {
   int tid, lane, wm, wn;
-  __device__ WarpPosition() : tid(threadIdx.x), lane(threadIdx.x & 31), wm((threadIdx.x >> 5) >> 2), wn((threadIdx.x >> 5) & 3) {}
+  __device__ WarpPosition()
+      : tid(threadIdx.x), lane(threadIdx.x & 31), wm((threadIdx.x >> 5) >> 2), wn((threadIdx.x >> 5) & 3) {}
   __device__ int row(int mt, int h) const { return wm * 64 + mt * 16 + (lane >> 2) + 8 * h; }
   __device__ int col(int nt, int j) const { return wn * 32 + nt * 8 + (lane & 3) * 2 + j; }
 };
