@@ -141,9 +141,10 @@ TLSE_API const char* tlse_last_error(void);
 /* Creates a context. Initializes Kokkos if it is not initialized yet (then on CUDA device
  * `cuda_device`; -1: Kokkos' default, device 0), else uses the running Kokkos. Any thread may
  * call any function: calls run one at a time (one lock per process). Host calls (TLSE_DEVICE_HOST)
- * with an OpenMP Kokkos must come from the thread that initialized Kokkos, outside any parallel
- * region; from another thread they fail with TLSE_ERROR_UNSUPPORTED. CUDA calls must come from a
- * thread whose current device is the context's. A destroyed context is an error. */
+ * with an OpenMP Kokkos must come from outside any OpenMP parallel region, and with Kokkos 3.x also
+ * from the thread that initialized Kokkos (Kokkos 4 takes host work from any thread); a call that
+ * cannot run fails with TLSE_ERROR_UNSUPPORTED. CUDA calls must come from a thread whose current
+ * device is the context's. A destroyed context is an error. */
 TLSE_API tlse_status tlse_context_create(tlse_context** context, int cuda_device);
 
 /* Destroys a context. When the last context goes and this library initialized Kokkos, Kokkos

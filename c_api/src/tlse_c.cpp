@@ -93,16 +93,22 @@ class CallLock {
   std::lock_guard<std::mutex> guard_;
 };
 
-/// Kokkos 3.4's OpenMP backend launches parallel work only from the thread that initialized
-/// Kokkos, outside any parallel region; launched from another thread, a reduction throws inside
-/// Kokkos where the exception cannot be caught, and the process aborts. Such a call fails here.
+/// Kokkos' OpenMP backend launches parallel work only from outside a parallel region, and Kokkos
+/// 3.x only from the thread that initialized Kokkos; launched from elsewhere, a reduction throws
+/// inside Kokkos where the exception cannot be caught, and the process aborts. Such a call fails here.
 void check_host_thread(const char* function) {
   if (tlse::impl::host_space_accepts_work()) return;
-  throw Error(TLSE_ERROR_UNSUPPORTED,
-              std::string(function) + ": argument 'device' is TLSE_DEVICE_HOST but this thread cannot launch work on " +
-                  "Kokkos' host execution space (" + Kokkos::DefaultHostExecutionSpace::name() +
-                  "): it accepts work only from the thread that initialized Kokkos (the thread of the first " +
-                  "tlse_context_create), outside any parallel region; call from that thread");
+#if KOKKOS_VERSION >= 40000
+  const std::string where = "it takes work only from outside any parallel region; call from outside one";
+#else
+  const std::string where =
+      "it accepts work only from the thread that initialized Kokkos (the thread of the first "
+      "tlse_context_create), outside any parallel region; call from that thread";
+#endif
+  throw Error(TLSE_ERROR_UNSUPPORTED, std::string(function) +
+                                          ": argument 'device' is TLSE_DEVICE_HOST but this thread cannot launch work "
+                                          "on Kokkos' host execution space (" +
+                                          Kokkos::DefaultHostExecutionSpace::name() + "): " + where);
 }
 
 /// The largest size (n, v, d, b, c): the kernels index rows, classes and features with 32-bit

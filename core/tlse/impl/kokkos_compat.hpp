@@ -3,6 +3,9 @@
 // touches lives here, so the rest of the code is written once.
 #include <Kokkos_Core.hpp>
 #include <Kokkos_NumericTraits.hpp>
+#if defined(KOKKOS_ENABLE_OPENMP)
+#include <omp.h>
+#endif
 
 namespace tlse::impl {
 
@@ -41,10 +44,18 @@ constexpr bool is_host_space() {
 
 /// Whether the calling thread may launch parallel work on the default host execution space.
 /// OpenMP refuses it inside a parallel region, and in Kokkos 3.4 on every thread but the one that
-/// initialized Kokkos (its in_parallel() is true there). Serial accepts any thread.
+/// initialized Kokkos (its in_parallel() is true there); Kokkos 4 takes any thread outside a
+/// parallel region (its launches lock the instance) and deprecates in_parallel(). Serial accepts
+/// any thread.
 inline bool host_space_accepts_work() {
 #if defined(KOKKOS_ENABLE_OPENMP)
-  if (std::is_same<Kokkos::DefaultHostExecutionSpace, Kokkos::OpenMP>::value) return !Kokkos::OpenMP::in_parallel();
+  if (std::is_same<Kokkos::DefaultHostExecutionSpace, Kokkos::OpenMP>::value) {
+#if KOKKOS_VERSION >= 40000
+    return omp_get_level() == 0;
+#else
+    return !Kokkos::OpenMP::in_parallel();
+#endif
+  }
 #endif
   return true;
 }
