@@ -1,6 +1,6 @@
 #pragma once
 // Registers the Kokkos::Cuda specializations (kernel_path.hpp says which run):
-// - the Hopper kernels (hopper_forward.hpp, hopper_backward.hpp; built with TLSE_HAVE_HOPPER):
+// - the Hopper kernels (hopper/forward.hpp, hopper/backward.hpp; built with TLSE_HAVE_HOPPER):
 //   the forward for bf16, fp16 and float in TF32, the fused backward for the same when its plan fits
 //   the call's memory budget, and cross-entropy's training step for bf16 and fp16 when its plan fits;
 // - the mma.sync tensor-core kernels (lse_forward_mma.hpp, lse_backward_mma.hpp): the forward
@@ -14,9 +14,9 @@
 #include <tlse/backends/cuda/lse_forward_mma.hpp>
 #include <tlse/impl/backend_dispatch.hpp>
 #if defined(TLSE_HAVE_HOPPER)
-#include <tlse/backends/cuda/hopper_backward.hpp>
-#include <tlse/backends/cuda/hopper_forward.hpp>
-#include <tlse/backends/cuda/hopper_step.hpp>
+#include <tlse/backends/cuda/hopper/backward.hpp>
+#include <tlse/backends/cuda/hopper/forward.hpp>
+#include <tlse/backends/cuda/hopper/step.hpp>
 #endif
 
 #include <type_traits>

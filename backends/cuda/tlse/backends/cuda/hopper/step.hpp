@@ -1,5 +1,5 @@
 #pragma once
-// The training step on the Hopper kernels (plan: hopper_step_plan.hpp): cross-entropy's row LSEs
+// The training step on the Hopper kernels (plan: hopper/step_plan.hpp): cross-entropy's row LSEs
 // and gradients in 3 products instead of the 4 of a forward and the fused backward. Per chunk of
 // rows, in order:
 //   1. tlse_hop_lse_forward sweeps the chunk against every column, gives the row LSE states and
@@ -18,14 +18,14 @@
 // columns in the caller's dB, and past it in the workspace, instead (run_kept_columns). Fixed
 // order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every entry of
 // G is computed anyway) and the columns in their stored order.
-// fp16, as in the fused backward (hopper_backward.hpp): entries like p / N fall below its range,
+// fp16, as in the fused backward (hopper/backward.hpp): entries like p / N fall below its range,
 // so G, or A' where G = diag(c) E', is stored times one power of two for the chunk (half of
 // row_scale_for of the rows' term bounds, from their LSEs: row_bound_kernel, step_factor_kernel),
 // and the products that read it multiply their output by the inverse, exactly. E' itself needs
 // none: the kernel puts it at most 2^15 with its fp32 row factor c.
 #if defined(TLSE_HAVE_HOPPER)
-#include <tlse/backends/cuda/hopper_backward.hpp>
-#include <tlse/backends/cuda/hopper_step_plan.hpp>
+#include <tlse/backends/cuda/hopper/backward.hpp>
+#include <tlse/backends/cuda/hopper/step_plan.hpp>
 #include <tlse/impl/step_request.hpp>
 
 namespace tlse::impl::cuda {

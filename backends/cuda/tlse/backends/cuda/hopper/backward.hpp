@@ -1,5 +1,5 @@
 #pragma once
-// The backward on the Hopper kernels (plan: hopper_backward_plan.hpp). Per panel of columns, in
+// The backward on the Hopper kernels (plan: hopper/backward_plan.hpp). Per panel of columns, in
 // order:
 //   1. tlse_hop_gradient recomputes the panel's tiles (every row) into G = scale * dL/dx (in T),
 //      the per-tile filtering mask, the row sums of dL/dz * dot (dscale) and the column sums of
@@ -30,8 +30,8 @@
 // loses at most 2^-38 of that bound to fp16's range (docs/design.md: what that costs a sum).
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/grid_stride.hpp>
-#include <tlse/backends/cuda/hopper_backward_plan.hpp>
-#include <tlse/backends/cuda/hopper_forward.hpp>
+#include <tlse/backends/cuda/hopper/backward_plan.hpp>
+#include <tlse/backends/cuda/hopper/forward.hpp>
 #include <tlse/backends/cuda/lse_backward_mma.hpp>
 #include <tlse/backends/cuda/mma_primitives.hpp>
 #include <tlse/impl/backward_request.hpp>
