@@ -1,10 +1,10 @@
-// The plans of the fused Hopper backward (hopper_backward_plan.hpp) and training step (hopper_step_plan.hpp) are
+// The plans of the fused Hopper backward (hopper/backward_plan.hpp) and training step (hopper/step_plan.hpp) are
 // host arithmetic: checked here on every build, GPU or not. A plan must fit its budget, take the
 // panel of least modelled cost among those that do, and size exactly what it carves.
 #include <gtest/gtest.h>
 
-#include <tlse/backends/cuda/hopper_backward_plan.hpp>
-#include <tlse/backends/cuda/hopper_step_plan.hpp>
+#include <tlse/backends/cuda/hopper/backward_plan.hpp>
+#include <tlse/backends/cuda/hopper/step_plan.hpp>
 
 namespace {
 
@@ -305,7 +305,7 @@ TEST(HopperPlan, Bf16PrefersTwoPassesToNarrowPanels) {
 
 }  // namespace
 
-// The training step's plan (hopper_step_plan.hpp): one chunk of every row when it fits, else the
+// The training step's plan (hopper/step_plan.hpp): one chunk of every row when it fits, else the
 // largest chunk of at least MIN_CHUNK rows that does, never past the budget.
 namespace {
 
@@ -376,7 +376,7 @@ TEST(HopperStepPlan, NoPlanBelowTheSmallestChunk) {
 }
 
 // Below the chunks, the step keeps the exponentials of a prefix of the columns in dC's storage
-// (hopper_step_plan.hpp, KeptColumnsPlan), in panels placed past dC's rows of each: as many as
+// (hopper/step_plan.hpp, KeptColumnsPlan), in panels placed past dC's rows of each: as many as
 // fit there, then as many as the budget leaves in the workspace (the tail), the fused backward's
 // panels for the rest, within the budget.
 using tlse::impl::cuda::KeptColumnsPlan;

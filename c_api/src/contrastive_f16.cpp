@@ -1,5 +1,5 @@
 // The contrastive calls for f16 inputs (one dtype per translation unit: they compile in parallel).
-#include "calls.hpp"
+#include "dtype_calls.hpp"
 
 namespace tlse::capi {
 TLSE_CAPI_CONTRASTIVE(tlse::float16);

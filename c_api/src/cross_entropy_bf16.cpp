@@ -1,5 +1,5 @@
 // The cross entropy calls for bf16 inputs (one dtype per translation unit: they compile in parallel).
-#include "calls.hpp"
+#include "dtype_calls.hpp"
 
 namespace tlse::capi {
 TLSE_CAPI_CROSS_ENTROPY(tlse::bfloat16);

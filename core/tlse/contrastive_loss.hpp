@@ -4,8 +4,9 @@
 /// self-similarity form (NT-Xent), without the b x b logit matrix.
 #include <tlse/impl/lse_backward.hpp>
 #include <tlse/impl/lse_forward.hpp>
+#include <tlse/impl/pair_logits.hpp>
 #include <tlse/impl/problem_builder.hpp>
-#include <tlse/impl/small_kernels.hpp>
+#include <tlse/impl/weighted_sum.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 #include <tlse/options.hpp>
 

@@ -14,10 +14,12 @@
 // dlse_i being the gradient reaching the returned LSE directly.
 #include <tlse/cross_entropy_options.hpp>
 #include <tlse/impl/backend_dispatch.hpp>
+#include <tlse/impl/index_lists.hpp>
 #include <tlse/impl/label_smoothing.hpp>
 #include <tlse/impl/lse_forward.hpp>
+#include <tlse/impl/pair_logits.hpp>
 #include <tlse/impl/problem_builder.hpp>
-#include <tlse/impl/small_kernels.hpp>
+#include <tlse/impl/weighted_sum.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 
 #include <algorithm>

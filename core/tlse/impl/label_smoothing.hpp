@@ -5,9 +5,11 @@
 // products are dE_i -= s_i C^T u, dC_j -= u_j E^T s and dbias_j -= u_j sum_i s_i: vectors of the
 // depth, O((N + V) D) memory traffic and no pass over the logit tiles. (Under a softcap dx/dz
 // varies per entry, and the tile kernels take the term: SoftmaxTerms::spread.)
-#include <tlse/impl/small_kernels.hpp>
+#include <tlse/impl/sixteen_bytes.hpp>
+#include <tlse/impl/tile_problem.hpp>
 
 #include <algorithm>
+#include <cstdint>
 
 namespace tlse::impl {
 

@@ -1,22 +1,22 @@
 #pragma once
 // Registers the Kokkos::Cuda specializations (kernel_path.hpp says which run):
-// - the Hopper kernels (hopper_forward.hpp, hopper_backward.hpp; built with TLSE_HAVE_HOPPER):
+// - the Hopper kernels (hopper/forward.hpp, hopper/backward.hpp; built with TLSE_HAVE_HOPPER):
 //   the forward for bf16, fp16 and float in TF32, the fused backward for the same when its plan fits
 //   the call's memory budget, and cross-entropy's training step for bf16 and fp16 when its plan fits;
-// - the mma.sync tensor-core kernels (lse_forward_mma.hpp, lse_backward_mma.hpp): the forward
+// - the mma.sync tensor-core kernels (mma/forward.hpp, mma/backward.hpp): the forward
 //   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;
-// - the same kernels with FFMA products (ffma_product.hpp) for exact float, when
+// - the same kernels with FFMA products (mma/ffma_product.hpp) for exact float, when
 //   TLSE_CUDA_EXACT_F32=ffma asks for them (exact_f32_on_ffma; not yet the default);
 // - anything else runs the generic kernels.
-#include <tlse/backends/cuda/ffma_product.hpp>
 #include <tlse/backends/cuda/kernel_path.hpp>
-#include <tlse/backends/cuda/lse_backward_mma.hpp>
-#include <tlse/backends/cuda/lse_forward_mma.hpp>
+#include <tlse/backends/cuda/mma/backward.hpp>
+#include <tlse/backends/cuda/mma/ffma_product.hpp>
+#include <tlse/backends/cuda/mma/forward.hpp>
 #include <tlse/impl/backend_dispatch.hpp>
 #if defined(TLSE_HAVE_HOPPER)
-#include <tlse/backends/cuda/hopper_backward.hpp>
-#include <tlse/backends/cuda/hopper_forward.hpp>
-#include <tlse/backends/cuda/hopper_step.hpp>
+#include <tlse/backends/cuda/hopper/backward.hpp>
+#include <tlse/backends/cuda/hopper/forward.hpp>
+#include <tlse/backends/cuda/hopper/step.hpp>
 #endif
 
 #include <type_traits>
@@ -66,7 +66,7 @@ bool takes_spread(const SoftmaxTerms<Acc>& terms) {
 }
 
 /// The backward stores G = scale * dL/dx in the input type for the tile kernels' product (fp16
-/// scaled by rows, see lse_backward_mma.hpp); float in TF32, or exact with FFMA when enabled.
+/// scaled by rows, see mma/backward.hpp); float in TF32, or exact with FFMA when enabled.
 template <class T>
 constexpr bool backward_on_tile_kernels = on_tile_kernels<T>;
 

@@ -8,7 +8,7 @@
 // docs/notes/2026-11-23.md, "Validation of the Hopper kernels (da0e14a), and auto taking them").
 // TLSE_GENERIC_ONLY=1 still means generic.
 // Exact float inputs (Precision::exact) have their own switch, TLSE_CUDA_EXACT_F32=ffma|generic:
-// the tile kernels with FFMA products (ffma_product.hpp), or the generic kernels.
+// the tile kernels with FFMA products (mma/ffma_product.hpp), or the generic kernels.
 #include <cuda_runtime.h>
 
 #include <cstdlib>

@@ -1,6 +1,6 @@
 #pragma once
 // CUDA specialization of the forward LSE for bf16/fp16 inputs (and float in TF32; exact float
-// with FfmaProduct, ffma_product.hpp): the tile sweep (nt_sweep.hpp) with an epilogue that folds
+// with FfmaProduct, mma/ffma_product.hpp): the tile sweep (mma/nt_sweep.hpp) with an epilogue that folds
 // each finished tile into per-row online LSE states and, on request, into per-column states and
 // column logit sums, so the contrastive loss gets its row and column LSE (and cross-entropy its
 // vocabulary order) from one pass over the tiles. Launched natively on exec.cuda_stream() because
@@ -12,7 +12,7 @@
 // (read-modify-write once per tile, 1 KiB against a 128 x 128 x depth product). No atomics:
 // results are bitwise reproducible.
 #include <tlse/backends/cuda/launch_shape.hpp>
-#include <tlse/backends/cuda/nt_sweep.hpp>
+#include <tlse/backends/cuda/mma/nt_sweep.hpp>
 
 namespace tlse::impl::cuda {
 

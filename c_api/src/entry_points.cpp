@@ -1,7 +1,7 @@
 // The extern "C" entry points: check what C can get wrong (NULL pointers, negative sizes, enum
 // values, a pointer on the wrong device), convert the options, pick the execution space
 // instance and the dtype, and turn every exception into a status and a thread-local message.
-#include "capi.hpp"
+#include "arguments.hpp"
 
 #include <tlse/distributed/impl/agreement.hpp>
 

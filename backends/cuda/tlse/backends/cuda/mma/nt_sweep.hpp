@@ -6,8 +6,8 @@
 // column tiles. What happens to a finished tile is the epilogue's business: the forward folds it
 // into online LSE states, the backward turns it into dL/dx. The tile never leaves the SM. How a
 // stage's operands are multiplied is the Product's: tensor cores here (TensorCoreProduct), exact
-// float32 FFMA in ffma_product.hpp, both into the same accumulator layout.
-#include <tlse/backends/cuda/mma_primitives.hpp>
+// float32 FFMA in mma/ffma_product.hpp, both into the same accumulator layout.
+#include <tlse/backends/cuda/mma/primitives.hpp>
 
 namespace tlse::impl::cuda {
 

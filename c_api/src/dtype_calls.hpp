@@ -1,7 +1,7 @@
 #pragma once
 // The C API's calls as templates over the storage type T: unmanaged views over the caller's
 // pointers (no copies), then the C++ API. Included by the per-dtype translation units only.
-#include "capi.hpp"
+#include "arguments.hpp"
 
 #include <tlse/distributed/contrastive_loss.hpp>
 #include <tlse/distributed/cross_entropy.hpp>

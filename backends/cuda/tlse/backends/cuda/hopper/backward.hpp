@@ -1,5 +1,5 @@
 #pragma once
-// The backward on the Hopper kernels (plan: hopper_backward_plan.hpp). Per panel of columns, in
+// The backward on the Hopper kernels (plan: hopper/backward_plan.hpp). Per panel of columns, in
 // order:
 //   1. tlse_hop_gradient recomputes the panel's tiles (every row) into G = scale * dL/dx (in T),
 //      the per-tile filtering mask, the row sums of dL/dz * dot (dscale) and the column sums of
@@ -24,16 +24,16 @@
 // order in fp32 before it is rounded to T once; TF32 transposes each block's operand as it goes.
 // fp16 cannot hold G as it is (entries like p / N fall below its 2^-24 floor): G is stored times
 // one power of two for the whole call that puts the largest |G| any entry can take at most at
-// 2^14 (lse_backward_mma.hpp's row_scale_for, from both sides' term bounds), and every product
+// 2^14 (mma/backward.hpp's row_scale_for, from both sides' term bounds), and every product
 // multiplies its output by the inverse, exactly. One factor rather than one a row (as the
 // mma.sync passes take): G serves both products, and dB = G^T A sums over G's rows. An entry
 // loses at most 2^-38 of that bound to fp16's range (docs/design.md: what that costs a sum).
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/grid_stride.hpp>
-#include <tlse/backends/cuda/hopper_backward_plan.hpp>
-#include <tlse/backends/cuda/hopper_forward.hpp>
-#include <tlse/backends/cuda/lse_backward_mma.hpp>
-#include <tlse/backends/cuda/mma_primitives.hpp>
+#include <tlse/backends/cuda/hopper/backward_plan.hpp>
+#include <tlse/backends/cuda/hopper/forward.hpp>
+#include <tlse/backends/cuda/mma/backward.hpp>
+#include <tlse/backends/cuda/mma/primitives.hpp>
 #include <tlse/impl/backward_request.hpp>
 
 namespace tlse::impl::cuda {

@@ -1,5 +1,7 @@
-// Entry points and helpers that belong to no kernel family: errors, the device check, the launch
-// shape model.
+// The host side that the kernel families share, declared in launch.cuh: the error a call returns
+// (and tlse_hop_error_string), the device queries (and tlse_hop_device_supported), the operand
+// check, the split counts that keep the last wave full, and the tensor maps of the staged stores
+// (StagedStore::describe, staged_store.cuh).
 #include <algorithm>
 #include <functional>
 #include <map>

@@ -1,5 +1,5 @@
 #pragma once
-// How the training step on the Hopper kernels (hopper_step.hpp: cross-entropy's loss and
+// How the training step on the Hopper kernels (hopper/step.hpp: cross-entropy's loss and
 // gradients in one call) cuts a problem under a memory budget. It takes 3 products where a
 // forward followed by the fused backward takes 4: per chunk of rows, the forward keeps the
 // chunk's exponentials (exp(x - s) in the input type, bf16 or fp16, chunk x V, s a shift per row
@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <tlse/backends/cuda/hopper_backward_plan.hpp>
+#include <tlse/backends/cuda/hopper/backward_plan.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 
 namespace tlse::impl::cuda {
@@ -40,7 +40,7 @@ struct StepPlan {
   std::int64_t ld_shifts() const { return 4 * ((cols + FusedBackwardPlan::TILE_N - 1) / FusedBackwardPlan::TILE_N); }
 
   struct Buffers {
-    float* factor;       // FACTOR_FLOATS: fp16's power of two for G and A', its inverse (hopper_step.hpp)
+    float* factor;       // FACTOR_FLOATS: fp16's power of two for G and A', its inverse (hopper/step.hpp)
     void* exponentials;  // chunk x ld_exponentials (16-bit): the chunk's exponentials, then E' or G (ldg)
     float* shifts;       // chunk x ld_shifts: the shifts the exponentials are under (exponentials_shift)
     float* row_scale;    // chunk: G's row factors c (G = diag(c) E')

@@ -1,10 +1,10 @@
 #pragma once
 // CUDA specialization of one backward pass (the gradient of the owned side) for bf16/fp16
-// inputs and float in TF32 on tensor cores, and for exact float with FfmaProduct (ffma_product.hpp:
+// inputs and float in TF32 on tensor cores, and for exact float with FfmaProduct (mma/ffma_product.hpp:
 // the same plan and kernels, FFMA products). The generic pass keeps a TM x depth accumulator per
 // team, which does not fit on chip at depth 4096; here the pass runs over chunks of owned rows,
 // each in two kernels:
-//   1. the tile sweep (nt_sweep.hpp) recomputes the logits of the chunk against the whole other
+//   1. the tile sweep (mma/nt_sweep.hpp) recomputes the logits of the chunk against the whole other
 //      side and its epilogue turns them into G = scale * dL/dx, stored as T in a chunk buffer
 //      (rows x other, bounded by chunk_budget_bytes), plus per-row partial sums for dscale/dbias;
 //      With gradient filtering (CCE), a tile whose softmax entries are all below filter_eps and
@@ -19,14 +19,14 @@
 // No atomics: results are bitwise reproducible. Everything lives in the caller's workspace.
 #include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/launch_shape.hpp>
-#include <tlse/backends/cuda/nt_sweep.hpp>
+#include <tlse/backends/cuda/mma/nt_sweep.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 
 #include <type_traits>
 
 namespace tlse::impl::cuda {
 
-// The product's B tile is k-major, LDSB elements per row (nt_sweep.hpp): 272 bytes for 16-bit
+// The product's B tile is k-major, LDSB elements per row (mma/nt_sweep.hpp): 272 bytes for 16-bit
 // inputs, conflict-free ldmatrix.trans.
 constexpr int PRODUCT_SMEM_BYTES = STAGES * (BM * LDS + BK * LDSB) * 2;
 static_assert(PRODUCT_SMEM_BYTES <= SWEEP_SMEM_BYTES + 1024, "both kernels fit two blocks per SM");

@@ -1,7 +1,8 @@
 #pragma once
-// Internals of the C API: the arguments of each call once the C layer has checked them, and
-// the per-dtype templates that run them. The templates are defined in calls.hpp and explicitly
-// instantiated one dtype and one loss per translation unit, so the library builds in parallel.
+// Internals of the C API: the arguments of each call once the C layer (entry_points.cpp) has
+// checked them, and the per-dtype templates that run them. The templates are defined in
+// dtype_calls.hpp and explicitly instantiated one dtype and one loss per translation unit, so the
+// library builds in parallel.
 #include <tlse.h>
 
 #include <tlse/contrastive_loss.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 // The exact float32 products of the tile kernels (Precision::exact on float inputs): the same
 // 128 x 128 tiles, shared-memory stages and cp.async pipeline as the tensor-core kernels
-// (nt_sweep.hpp, lse_backward_mma.hpp), multiplied with FFMA instead of mma.sync. Each thread
+// (mma/nt_sweep.hpp, mma/backward.hpp), multiplied with FFMA instead of mma.sync. Each thread
 // computes the 8 x 8 block of the tile that the mma.sync accumulator layout gives it
 // (TileAccumulator, WarpPosition: rows wm 64 + 16 mt + lane / 4 + 8 h, columns
 // wn 32 + 8 nt + 2 (lane % 4) + j), so the epilogues (LseEpilogue, GradientEpilogue) and the
@@ -12,7 +12,7 @@
 // floats puts the 8 rows a warp reads at once on distinct banks) and issues 128 FFMA, summing
 // each dot product in depth order. No TF32, no reordering: float products, float sums, as the
 // generic kernels compute them.
-#include <tlse/backends/cuda/nt_sweep.hpp>
+#include <tlse/backends/cuda/mma/nt_sweep.hpp>
 
 #include <type_traits>
 

@@ -1,5 +1,5 @@
 #pragma once
-// How the backward on the Hopper kernels (hopper_backward.hpp) cuts a problem under a memory
+// How the backward on the Hopper kernels (hopper/backward.hpp) cuts a problem under a memory
 // budget. It walks the columns in panels; per panel it recomputes the tiles once into
 // G = scale * dL/dx (rows x panel, bf16) and multiplies G twice: dB_panel = G^T A is complete
 // (every row is in the panel), dA += G B_panel goes to an fp32 accumulator (rows x depth) summed
@@ -78,7 +78,7 @@ struct FusedBackwardPlan {
   }
 
   /// fp16's factor of G, its inverse and the two sides' term bounds it comes from
-  /// (hopper_backward.hpp): first in both passes' layouts, so that the passes share it.
+  /// (hopper/backward.hpp): first in both passes' layouts, so that the passes share it.
   static constexpr std::int64_t FACTOR_FLOATS = 4;
 
   /// The arrays of the column panels, carved in this order (the sizes are worst cases: every
