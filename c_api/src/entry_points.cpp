@@ -512,21 +512,38 @@ void agree(const char* fn, const tlse::distributed::Callbacks& cb, const Checks&
   tlse::distributed::impl::Agreement(comm, fn, {}, checks);
 }
 
-/// A distributed call: the C layer's checks (`make_args`, which returns the checked arguments)
-/// and the dtype agreed on by every rank, then `run(dtype tag, launch, callbacks, args)`.
+/// The shape of every computing entry point: the context locked, the C layer's checks
+/// (`make_args`, which returns the checked arguments), the launch for `device` and `stream`, then
+/// `run(dtype tag, launch, args)`; any exception becomes the returned status.
 template <class MakeArgs, class Run>
-void distributed_call(const char* fn, tlse_context* context, const tlse_communicator* comm, tlse_device device,
-                      void* stream, tlse_dtype dtype, const MakeArgs& make_args, const Run& run) {
-  const CallLock lock(fn, context);
-  const auto cb = callbacks_of(fn, comm);
-  decltype(make_args()) a;
-  tlse::capi::Launch launch;
-  agree(fn, cb, [&] {
-    a = make_args();
-    by_dtype(fn, dtype, [](auto) {});
-    launch = launch_for(fn, context, device, stream);
+tlse_status entry_point(const char* fn, tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                        const MakeArgs& make_args, const Run& run) noexcept {
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    const auto a = make_args();
+    const auto launch = launch_for(fn, context, device, stream);
+    by_dtype(fn, dtype, [&](auto tag) { run(tag, launch, a); });
   });
-  by_dtype(fn, dtype, [&](auto tag) { run(tag, launch, cb, a); });
+}
+
+/// entry_point() for a distributed call: the checks and the dtype are agreed on by every rank
+/// before `run(dtype tag, launch, callbacks, args)`.
+template <class MakeArgs, class Run>
+tlse_status distributed_entry_point(const char* fn, tlse_context* context, const tlse_communicator* comm,
+                                    tlse_device device, void* stream, tlse_dtype dtype, const MakeArgs& make_args,
+                                    const Run& run) noexcept {
+  return guarded(fn, [&] {
+    const CallLock lock(fn, context);
+    const auto cb = callbacks_of(fn, comm);
+    decltype(make_args()) a;
+    tlse::capi::Launch launch;
+    agree(fn, cb, [&] {
+      a = make_args();
+      by_dtype(fn, dtype, [](auto) {});
+      launch = launch_for(fn, context, device, stream);
+    });
+    by_dtype(fn, dtype, [&](auto tag) { run(tag, launch, cb, a); });
+  });
 }
 
 /// The checked arguments of a cross-entropy forward, single-device or distributed (no vocab_order).
@@ -765,28 +782,30 @@ tlse_status tlse_cross_entropy_workspace_bytes(tlse_context* context, tlse_devic
                                                tlse_dtype dtype, int64_t n, int64_t v, int64_t d,
                                                const tlse_cross_entropy_options* options, size_t* bytes) {
   static const char* fn = "tlse_cross_entropy_workspace_bytes";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    if (!bytes) invalid(fn, "bytes", "is NULL");
-    const auto a = cross_entropy_args(fn, n, v, d, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::cross_entropy_workspace<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        if (!bytes) invalid(fn, "bytes", "is NULL");
+        return cross_entropy_args(fn, n, v, d, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        *bytes = tlse::capi::cross_entropy_workspace<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_cross_entropy_step_fused(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                           int64_t n, int64_t v, int64_t d, const tlse_cross_entropy_options* options,
                                           int want_dbias, int* fused) {
   static const char* fn = "tlse_cross_entropy_step_fused";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    if (!fused) invalid(fn, "fused", "is NULL");
-    const auto a = cross_entropy_args(fn, n, v, d, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) {
-      *fused = tlse::capi::cross_entropy_step_fuses<decltype(tag)>(launch, a, want_dbias != 0) ? 1 : 0;
-    });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        if (!fused) invalid(fn, "fused", "is NULL");
+        return cross_entropy_args(fn, n, v, d, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        *fused = tlse::capi::cross_entropy_step_fuses<decltype(tag)>(launch, a, want_dbias != 0) ? 1 : 0;
+      });
 }
 
 tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
@@ -795,13 +814,15 @@ tlse_status tlse_cross_entropy_forward(tlse_context* context, tlse_device device
                                        int32_t* vocab_order, const tlse_cross_entropy_extras* extras,
                                        const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a = cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse,
-                                              vocab_order, extras, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse,
+                                          vocab_order, extras, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::cross_entropy_forward<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
@@ -811,13 +832,15 @@ tlse_status tlse_cross_entropy_backward(tlse_context* context, tlse_device devic
                                         void* dbias, const tlse_cross_entropy_extras* extras,
                                         const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a = cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse,
-                                               vocab_order, dloss, dE, dC, dbias, extras, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, vocab_order,
+                                           dloss, dE, dC, dbias, extras, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::cross_entropy_backward<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device device, void* stream,
@@ -827,26 +850,30 @@ tlse_status tlse_cross_entropy_with_gradients(tlse_context* context, tlse_device
                                               const tlse_cross_entropy_extras* extras,
                                               const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_with_gradients";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a = cross_entropy_with_gradients_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, dloss,
-                                                     loss, dE, dC, dbias, extras, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::cross_entropy_with_gradients<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return cross_entropy_with_gradients_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, dloss, loss,
+                                                 dE, dC, dbias, extras, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::cross_entropy_with_gradients<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_contrastive_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
                                              tlse_dtype dtype, int64_t b, int64_t c,
                                              const tlse_contrastive_options* options, size_t* bytes) {
   static const char* fn = "tlse_contrastive_workspace_bytes";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    if (!bytes) invalid(fn, "bytes", "is NULL");
-    const auto a = contrastive_args(fn, b, c, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::contrastive_workspace<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        if (!bytes) invalid(fn, "bytes", "is NULL");
+        return contrastive_args(fn, b, c, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        *bytes = tlse::capi::contrastive_workspace<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
@@ -854,13 +881,13 @@ tlse_status tlse_contrastive_forward(tlse_context* context, tlse_device device, 
                                      void* loss, void* row_lse, void* col_lse,
                                      const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_forward";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a =
-        contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse,
+                                        options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) { tlse::capi::contrastive_forward<decltype(tag)>(launch, a); });
 }
 
 tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
@@ -869,50 +896,54 @@ tlse_status tlse_contrastive_backward(tlse_context* context, tlse_device device,
                                       void* dT, void* dscale, const tlse_contrastive_extras* extras,
                                       const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_backward";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a = contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss,
-                                             dI, dT, dscale, extras, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI,
+                                         dT, dscale, extras, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) { tlse::capi::contrastive_backward<decltype(tag)>(launch, a); });
 }
 
 tlse_status tlse_self_contrastive_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
                                                   tlse_dtype dtype, int64_t n, int64_t c,
                                                   const tlse_contrastive_options* options, size_t* bytes) {
   static const char* fn = "tlse_self_contrastive_workspace_bytes";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    if (!bytes) invalid(fn, "bytes", "is NULL");
-    const auto a = self_contrastive_args(fn, n, c, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { *bytes = tlse::capi::self_contrastive_workspace<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        if (!bytes) invalid(fn, "bytes", "is NULL");
+        return self_contrastive_args(fn, n, c, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        *bytes = tlse::capi::self_contrastive_workspace<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_self_contrastive_forward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                           int64_t n, int64_t c, const void* Z, void* loss, void* lse,
                                           const tlse_contrastive_options* options) {
   static const char* fn = "tlse_self_contrastive_forward";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a = self_contrastive_forward_args(fn, context, device, dtype, n, c, Z, loss, lse, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::self_contrastive_forward<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] { return self_contrastive_forward_args(fn, context, device, dtype, n, c, Z, loss, lse, options); },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::self_contrastive_forward<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                            int64_t n, int64_t c, const void* Z, const void* lse, const void* dloss,
                                            void* dZ, void* dscale, const tlse_contrastive_options* options) {
   static const char* fn = "tlse_self_contrastive_backward";
-  return guarded(fn, [&] {
-    const CallLock lock(fn, context);
-    const auto a = self_contrastive_backward_args(fn, context, device, dtype, n, c, Z, lse, dloss, dZ, dscale, options);
-    const auto launch = launch_for(fn, context, device, stream);
-    by_dtype(fn, dtype, [&](auto tag) { tlse::capi::self_contrastive_backward<decltype(tag)>(launch, a); });
-  });
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return self_contrastive_backward_args(fn, context, device, dtype, n, c, Z, lse, dloss, dZ, dscale, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::self_contrastive_backward<decltype(tag)>(launch, a);
+      });
 }
 
 tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const tlse_communicator* comm,
@@ -922,17 +953,15 @@ tlse_status tlse_cross_entropy_forward_distributed(tlse_context* context, const 
                                                    const tlse_cross_entropy_extras* extras,
                                                    const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_forward_distributed";
-  return guarded(fn, [&] {
-    distributed_call(
-        fn, context, comm, device, stream, dtype,
-        [&] {
-          return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse,
-                                            nullptr, extras, options);
-        },
-        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
-          tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a);
-        });
-  });
+  return distributed_entry_point(
+      fn, context, comm, device, stream, dtype,
+      [&] {
+        return cross_entropy_forward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, loss, lse, nullptr,
+                                          extras, options);
+      },
+      [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+        tlse::capi::cross_entropy_forward_distributed<decltype(tag)>(launch, cb, a);
+      });
 }
 
 tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const tlse_communicator* comm,
@@ -943,17 +972,15 @@ tlse_status tlse_cross_entropy_backward_distributed(tlse_context* context, const
                                                     const tlse_cross_entropy_extras* extras,
                                                     const tlse_cross_entropy_options* options) {
   static const char* fn = "tlse_cross_entropy_backward_distributed";
-  return guarded(fn, [&] {
-    distributed_call(
-        fn, context, comm, device, stream, dtype,
-        [&] {
-          return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, nullptr,
-                                             dloss, dE, dC, dbias, extras, options);
-        },
-        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
-          tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a);
-        });
-  });
+  return distributed_entry_point(
+      fn, context, comm, device, stream, dtype,
+      [&] {
+        return cross_entropy_backward_args(fn, context, device, dtype, n, v, d, E, C, bias, targets, lse, nullptr,
+                                           dloss, dE, dC, dbias, extras, options);
+      },
+      [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+        tlse::capi::cross_entropy_backward_distributed<decltype(tag)>(launch, cb, a);
+      });
 }
 
 tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tlse_communicator* comm,
@@ -962,17 +989,15 @@ tlse_status tlse_contrastive_forward_distributed(tlse_context* context, const tl
                                                  void* loss, void* row_lse, void* col_lse,
                                                  const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_forward_distributed";
-  return guarded(fn, [&] {
-    distributed_call(
-        fn, context, comm, device, stream, dtype,
-        [&] {
-          return contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse,
-                                          options);
-        },
-        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
-          tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a);
-        });
-  });
+  return distributed_entry_point(
+      fn, context, comm, device, stream, dtype,
+      [&] {
+        return contrastive_forward_args(fn, context, device, dtype, b, c, I, T, labels, loss, row_lse, col_lse,
+                                        options);
+      },
+      [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+        tlse::capi::contrastive_forward_distributed<decltype(tag)>(launch, cb, a);
+      });
 }
 
 tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const tlse_communicator* comm,
@@ -982,17 +1007,15 @@ tlse_status tlse_contrastive_backward_distributed(tlse_context* context, const t
                                                   void* dI, void* dT, void* dscale,
                                                   const tlse_contrastive_options* options) {
   static const char* fn = "tlse_contrastive_backward_distributed";
-  return guarded(fn, [&] {
-    distributed_call(
-        fn, context, comm, device, stream, dtype,
-        [&] {
-          return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI,
-                                           dT, dscale, nullptr, options);
-        },
-        [](auto tag, const auto& launch, const auto& cb, const auto& a) {
-          tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a);
-        });
-  });
+  return distributed_entry_point(
+      fn, context, comm, device, stream, dtype,
+      [&] {
+        return contrastive_backward_args(fn, context, device, dtype, b, c, I, T, labels, row_lse, col_lse, dloss, dI,
+                                         dT, dscale, nullptr, options);
+      },
+      [](auto tag, const auto& launch, const auto& cb, const auto& a) {
+        tlse::capi::contrastive_backward_distributed<decltype(tag)>(launch, cb, a);
+      });
 }
 
 }  // extern "C"
