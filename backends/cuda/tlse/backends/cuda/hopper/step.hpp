@@ -101,10 +101,14 @@ struct LseStepHopper {
       const auto to_gradient =
           factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
       T* scaled_rows = factored && r.grad_cols ? reinterpret_cast<T*>(buf.chunk_rows) : nullptr;
-      to_gradient<<<unsigned(rows), 256, 0, stream>>>(kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum,
-                                                      int(f.col_splits), rows, first, row_index, V, r.target,
-                                                      r.target_logit, r.coef, prob.logit, buf.factor, r.lse,
-                                                      nullptr, buf.row_scale, chunk, scaled_rows, D);
+      ToGradientParams<T> params;
+      params.chunk = chunk_rows(f, rows, first, row_index);
+      params.kept = kept, params.shift = buf.shifts, params.ld_shift = plan.ld_shifts(), params.cols = V;
+      params.target = r.target, params.target_logit = r.target_logit, params.coef = r.coef;
+      params.model = prob.logit, params.factor = buf.factor;
+      params.lse = r.lse, params.row_scale = buf.row_scale;
+      params.rows = chunk, params.scaled_rows = scaled_rows, params.depth = D;
+      to_gradient<<<unsigned(rows), 256, 0, stream>>>(params);
       check_launch("exponentials_to_gradient_kernel");
 
       if (r.grad_rows) {  // dA_chunk = G B: diag(c) (E' B) exactly, or G B with G stored times the factor
@@ -196,9 +200,14 @@ struct LseStepHopper {
     const auto to_gradient =
         factored ? &exponentials_to_gradient_kernel<T, true> : &exponentials_to_gradient_kernel<T, false>;
     T* scaled_rows = factored ? r.grad_rows : nullptr;
-    to_gradient<<<unsigned(R), 256, 0, stream>>>(
-        kept, buf.shifts, plan.ld_shifts(), f.row_max, f.row_sum, int(f.col_splits), R, 0, nullptr, plan.kept, r.target,
-        target_logit, r.coef, prob.logit, factor, r.lse, buf.g, buf.row_scale, rows, scaled_rows, D);
+    ToGradientParams<T> params;
+    params.chunk = chunk_rows(f, R, 0, nullptr);
+    params.kept = kept, params.shift = buf.shifts, params.ld_shift = plan.ld_shifts(), params.cols = plan.kept;
+    params.target = r.target, params.target_logit = target_logit, params.coef = r.coef;
+    params.model = prob.logit, params.factor = factor;
+    params.lse = r.lse, params.row_g = buf.g, params.row_scale = buf.row_scale;
+    params.rows = rows, params.scaled_rows = scaled_rows, params.depth = D;
+    to_gradient<<<unsigned(R), 256, 0, stream>>>(params);
     check_launch("exponentials_to_gradient_kernel");
 
     // acc (+)= the sum over the panels of G_k B_k: one product over the panels in dB's storage and
@@ -271,13 +280,18 @@ struct LseStepHopper {
     return f;
   }
 
+  /// The `rows` rows from scored row `first` on (ids through row_index, or none) with the
+  /// partial states forward `f` left of them.
+  static ChunkRows chunk_rows(const tlse_hop_forward_args& f, index_t rows, index_t first, const int* row_index) {
+    return ChunkRows{f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index};
+  }
+
   /// fp16: the chunk's (or every row's) factor for G and A' (step_factor_kernel), from the row
   /// bounds (in `bound`, which exponentials_to_gradient_kernel overwrites with c).
   template <class T>
   static void step_factor(cudaStream_t stream, const tlse_hop_forward_args& f, index_t rows, index_t first,
                           const int* row_index, const StepRequest<T, float>& r, float* bound, float* factor) {
-    row_bound_kernel<<<unsigned(rows), 32, 0, stream>>>(f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index,
-                                                        r.target, r.coef, bound);
+    row_bound_kernel<<<unsigned(rows), 32, 0, stream>>>(chunk_rows(f, rows, first, row_index), r.target, r.coef, bound);
     check_launch("row_bound_kernel");
     step_factor_kernel<<<1, 1024, 0, stream>>>(bound, rows, r.prob.logit.scale, factor);
     check_launch("step_factor_kernel");

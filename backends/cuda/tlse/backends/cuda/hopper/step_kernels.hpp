@@ -39,16 +39,31 @@ __device__ inline LseState<float> merged_row_state(const float* max, const float
   return s;
 }
 
+/// The rows of a chunk as the forward left them: row p of the chunk (p < count) is scored row
+/// first + p, whose id is id_of[first + p] (or first + p without id_of), and its LSE state is
+/// spread over the forward's `splits` column splits (max[k][p], sum[k][p]).
+struct ChunkRows {
+  const float* max = nullptr;
+  const float* sum = nullptr;
+  int splits = 0;
+  index_t count = 0;
+  index_t first = 0;
+  const int* id_of = nullptr;
+
+  __device__ index_t id(index_t p) const { return id_of ? index_t(id_of[first + p]) : first + p; }
+  /// Row p's state, merged by one warp (merged_row_state).
+  __device__ LseState<float> state(index_t p) const { return merged_row_state(max, sum, splits, count, p); }
+};
+
 /// fp16's step: a warp per row p of the chunk (as exponentials_to_gradient_kernel numbers them),
 /// bound[p] = |g| + |w|, the bound of the row's |dL/dz| (TermsAt::bound), from its LSE. A row
 /// without a target weighs nothing (the kept columns' sweep of every stored row: its
 /// coefficients are not set).
-__global__ void row_bound_kernel(const float* max, const float* sum, int splits, index_t chunk_rows, index_t first,
-                                 const int* id_of, const int* target, const StepCoefficients<float> coef,
+__global__ void row_bound_kernel(const ChunkRows chunk, const int* target, const StepCoefficients<float> coef,
                                  float* bound) {
   const index_t p = blockIdx.x;
-  const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
-  const float l = merged_row_state(max, sum, splits, chunk_rows, p).value();
+  const index_t id = chunk.id(p);
+  const float l = chunk.state(p).value();
   const float w = coef.w(target, id), g = coef.g(target, id, l);
   if (threadIdx.x == 0) bound[p] = fabsf(g) + fabsf(w);
 }
@@ -88,12 +103,82 @@ struct KeptLayout {
   }
 };
 
-/// A block per row p of the chunk (row id `id[first + p]`, or first + p), after the forward kept
-/// its exponentials e = exp(x - s) of the columns below `cols` (in T, where `kept` says; s =
-/// shift[p][4 tile + (j mod 8) / 2], tlse_hopper.h), bf16 under the row's shift r =
-/// target_logit[first + p] where it could, fp16 under k ln 2 per part.
-/// Merges the forward's `splits` states (max[k][p], sum[k][p]) into the row's LSE l (lse[id]),
-/// then, with g and w from `coef` (StepCoefficients; g to row_g[id], unless NULL), and dL/dz = g exp(x - l)
+/// What exponentials_to_gradient_kernel reads and writes for the rows of one chunk.
+template <class T>
+struct ToGradientParams {
+  ChunkRows chunk;                      ///< the chunk's rows and the forward's partial states of them
+  KeptLayout kept;                      ///< where the forward kept their exponentials
+  const float* shift = nullptr;         ///< by row: the shifts of its parts, 4 per tile (tlse_hopper.h)
+  index_t ld_shift = 0;                 ///< floats from a row of `shift` to the next
+  index_t cols = 0;                     ///< the kept columns (class ids below it)
+  const int* target = nullptr;          ///< by row id: the target class (out of [0, cols): no target term)
+  const float* target_logit = nullptr;  ///< by scored row (first + p): the target's logit x_t; bf16: the row's shift r
+  StepCoefficients<float> coef;
+  LogitModel<T, float> model;
+  const float* factor = nullptr;  ///< fp16: factor[0], what G and A' are stored times (step_factor_kernel)
+  float* lse = nullptr;           ///< out, by row id: the row's LSE
+  float* row_g = nullptr;         ///< out, by row id: g, the weight of its softmax; or NULL
+  float* row_scale = nullptr;     ///< out, by chunk row: c (Factored)
+  const T* rows = nullptr;        ///< the chunk's input rows, `depth` elements each
+  T* scaled_rows = nullptr;       ///< out (Factored): the input rows times c (fp16: times factor[0] too); or NULL
+  index_t depth = 0;
+};
+
+/// fp16's factor for a row's kept exponentials (Factored): E' = e times one factor per part, so
+/// that E' times a is the row's softmax.
+struct Fp16RowFactor {
+  float a = 0.f;              ///< exp(r - l), r the shift E' is under; 0: the row keeps its exponentials as they are
+  bool exact_target = false;  ///< the target's entry is exact_entry = +-2^m
+  float exact_entry = 0.f;
+  float k_r = 0.f;  ///< without exact_target, E' = 2^(x log2 e - k_r)
+
+  /// The factor of a part kept under `shift` (an integer times ln 2, keep_row): 2^(k_part - k_r)
+  /// on the grid (exact), else p / (e a).
+  __device__ float of_part(float shift, float l) const {
+    const float k_part = rintf(shift * LOG2E_F);
+    return shift == -infinity<float>() ? 0.f
+           : exact_target              ? exp2f(fmaf(-l, LOG2E_F, k_part)) / a
+                                       : ldexpf(1.f, int(k_part - k_r));
+  }
+};
+
+/// The factor of a row with weights g, w, LSE l and target logit x_t (-inf: none among the
+/// columns). Every part was kept under its own 2^k (keep_row), so each is rescaled by one factor.
+/// Where the row's target is among the columns, a = |T| 2^-m with T = p_t - w / g, so that the
+/// target's entry T / a = +-2^m is exact: the term that dominates most rows of dA loses nothing
+/// to fp16, as in G = scale (g p_t - w) of the fused backward (where w is a power of two and p_t
+/// negligible), while each other entry is rounded a second time (e's in the forward, then p / a).
+/// m puts |E'| at most 2^15 (p <= 1 over a >= 2^-15). Elsewhere (no target entry, or T too small
+/// for fp16's normal range) on the grid of the forward's shifts: E' = 2^(x log2 e - k_r) exactly,
+/// with k_r putting E' at most 2^(15 - h) and a written target's entry T / a within 2^15 (2^h >=
+/// 1 + |w / g|). The exponents are formed as fma(-l, log2 e, k), with the forward's log2 e and
+/// one rounding, since l log2 e alone carries float's error of l (1e-3 at l = 1e4).
+__device__ inline Fp16RowFactor fp16_row_factor(float g, float w, float l, float x_t) {
+  Fp16RowFactor f;
+  if (g == 0.f || l == -infinity<float>()) return f;                                         // weight 0 (c = 0)
+  const float term = x_t != -infinity<float>() ? (g * expm1f(x_t - l) + (g - w)) / g : 0.f;  // T
+  int e = 0;
+  if (term != 0.f) frexpf(fabsf(term), &e);  // |T| in [2^(e-1), 2^e)
+  const int m = e + 14 < 15 ? e + 14 : 15;
+  f.exact_target = term != 0.f && m >= -14;
+  if (f.exact_target) {
+    f.a = ldexpf(fabsf(term), -m);
+    f.exact_entry = copysignf(ldexpf(1.f, m), term);
+  } else {
+    int h = 0;
+    frexpf(1.f + fabsf(w / g), &h);
+    f.k_r = ceilf(l * LOG2E_F) - float(TLSE_HOP_FP16_HEADROOM - h);
+    f.a = exp2f(fmaf(-l, LOG2E_F, f.k_r));
+  }
+  return f;
+}
+
+/// A block per row p of the chunk, after the forward kept its exponentials e = exp(x - s) of the
+/// columns below `cols` (in T, where `kept` says; s = shift[p][4 tile + (j mod 8) / 2],
+/// tlse_hopper.h), bf16 under the row's shift r = target_logit[first + p] where it could, fp16
+/// under k ln 2 per part (ToGradientParams names the arguments).
+/// Merges the forward's states into the row's LSE l (lse[id]), then, with g and w from `coef` (StepCoefficients; g to
+/// row_g[id], unless NULL), and dL/dz = g exp(x - l)
 /// - [j == t] w (the target's term only for a target among the kept columns):
 ///   - Factored (no softcap, dx/dz = 1): G = diag(c) E', so that the products need no pass over
 ///     the exponentials: c = scale g exp(r - l) goes to row_scale[p], the target's entry becomes
@@ -107,37 +192,35 @@ struct KeptLayout {
 /// The target's term takes its logit from target_logit (the loss's): e does not tell a masked
 /// target (no term) from one far below the row's shift, nor give dx/dz where e underflows.
 template <class T, bool Factored>
-__global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const float* shift, index_t ld_shift,
-                                                const float* max, const float* sum, int splits, index_t chunk_rows,
-                                                index_t first, const int* id_of, index_t cols, const int* target,
-                                                const float* target_logit, const StepCoefficients<float> coef,
-                                                const LogitModel<T, float> model, const float* factor, float* lse,
-                                                float* row_g, float* row_scale, const T* rows, T* scaled_rows,
-                                                index_t depth) {
+__global__ void exponentials_to_gradient_kernel(const __grid_constant__ ToGradientParams<T> params) {
   static_assert(std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value,
                 "the step keeps its exponentials and G in bf16 or fp16");
   constexpr bool fp16 = std::is_same<T, float16>::value;
+  const KeptLayout& kept = params.kept;
+  const LogitModel<T, float>& model = params.model;
+  const index_t cols = params.cols;
   const index_t p = blockIdx.x;
-  const index_t id = id_of ? index_t(id_of[first + p]) : first + p;
-  const index_t t = index_t(target[id]);
+  const index_t id = params.chunk.id(p);
+  const index_t t = index_t(params.target[id]);
+  const float* const target_logit = params.target_logit + params.chunk.first + p;  // this row's
   __shared__ float row_lse, row_max;
   if (threadIdx.x < 32) {
-    const LseState<float> s = merged_row_state(max, sum, splits, chunk_rows, p);
+    const LseState<float> s = params.chunk.state(p);
     if (threadIdx.x == 0) {
       row_lse = s.value(), row_max = s.max;
-      lse[id] = row_lse;
+      params.lse[id] = row_lse;
     }
   }
   __syncthreads();
-  const float x_t = t >= 0 && t < cols ? target_logit[first + p] : -infinity<float>();
-  const float l = row_lse, w = coef.w(target, id), g = coef.g(target, id, l);
-  if (row_g && threadIdx.x == 0) row_g[id] = g;
+  const float x_t = t >= 0 && t < cols ? *target_logit : -infinity<float>();
+  const float l = row_lse, w = params.coef.w(params.target, id), g = params.coef.g(params.target, id, l);
+  if (params.row_g && threadIdx.x == 0) params.row_g[id] = g;
   // fp16: what G (or A' = diag(c) A) is stored times, for its range (step_factor_kernel).
-  const float stored_times = fp16 ? factor[0] : 1.f;
+  const float stored_times = fp16 ? params.factor[0] : 1.f;
   struct alignas(16) Eight {
     T v[8];
   };
-  const float* row_shift = shift + p * ld_shift;
+  const float* row_shift = params.shift + p * params.ld_shift;
   // Each eight of the row in place through f(its values, four values of its tile, its first
   // column): the tile's shifts, one per pair of the eight (tlse_hopper.h), or what `per_tile`
   // makes of them. The row goes in windows of at most WINDOW_TILES tiles, none across panels:
@@ -186,47 +269,15 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
   const auto shifts_as_they_are = [](float4 s) { return s; };
   if constexpr (Factored) {
     float a;                    // exp(r - l), r the shift E' is under: E' times a is the row's softmax
-    bool exact_target = false;  // fp16: the target's entry is exact_entry = +-2^m (below)
+    bool exact_target = false;  // fp16: the target's entry is exact_entry = +-2^m (fp16_row_factor)
     float exact_entry = 0.f;
     if constexpr (fp16) {
-      a = 0.f;  // a row of weight 0 (c = 0) keeps its exponentials as they are
-      if (g != 0.f && l != -infinity<float>()) {
-        // Every part was kept under its own 2^k (keep_row), so each is rescaled by one factor.
-        // Where the row's target is among the columns, a = |T| 2^-m with T = p_t - w / g, so that
-        // the target's entry T / a = +-2^m is exact: the term that dominates most rows of dA
-        // loses nothing to fp16, as in G = scale (g p_t - w) of the fused backward (where w is a
-        // power of two and p_t negligible), while each other entry is rounded a second time
-        // (e's in the forward, then p / a). m puts |E'| at most 2^15 (p <= 1 over a >= 2^-15).
-        // Elsewhere (no target entry, or T too small for fp16's normal range) on the grid of the
-        // forward's shifts: E' = 2^(x log2 e - k_r) exactly, with k_r putting E' at most
-        // 2^(15 - h) and a written target's entry T / a within 2^15 (2^h >= 1 + |w / g|).
-        // The exponents are formed as fma(-l, log2 e, k), with the forward's log2 e and one
-        // rounding, since l log2 e alone carries float's error of l (1e-3 at l = 1e4).
-        const float term = x_t != -infinity<float>() ? (g * expm1f(x_t - l) + (g - w)) / g : 0.f;  // T
-        int e = 0;
-        if (term != 0.f) frexpf(fabsf(term), &e);  // |T| in [2^(e-1), 2^e)
-        const int m = e + 14 < 15 ? e + 14 : 15;
-        exact_target = term != 0.f && m >= -14;
-        float k_r = 0.f;
-        if (exact_target) {
-          a = ldexpf(fabsf(term), -m);
-          exact_entry = copysignf(ldexpf(1.f, m), term);
-        } else {
-          int h = 0;
-          frexpf(1.f + fabsf(w / g), &h);
-          k_r = ceilf(l * LOG2E_F) - float(TLSE_HOP_FP16_HEADROOM - h);
-          a = exp2f(fmaf(-l, LOG2E_F, k_r));
-        }
-        // Each part's e to E', one factor per part: 2^(k_part - k_r) on the grid (exact), else p / (e a).
-        const auto by = [&](float shift) {
-          const float k_part = rintf(shift * LOG2E_F);  // an integer (keep_row)
-          return shift == -infinity<float>() ? 0.f
-                 : exact_target              ? exp2f(fmaf(-l, LOG2E_F, k_part)) / a
-                                             : ldexpf(1.f, int(k_part - k_r));
-        };
+      const Fp16RowFactor f = fp16_row_factor(g, w, l, x_t);
+      a = f.a, exact_target = f.exact_target, exact_entry = f.exact_entry;
+      if (g != 0.f && l != -infinity<float>())
         each_eight(
             [&](float4 s) {
-              return float4{by(s.x), by(s.y), by(s.z), by(s.w)};
+              return float4{f.of_part(s.x, l), f.of_part(s.y, l), f.of_part(s.z, l), f.of_part(s.w, l)};
             },
             [&](const Eight& in, const float(&factors)[4], index_t) {
               Eight out;
@@ -234,10 +285,9 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
               for (int k = 0; k < 8; ++k) out.v[k] = from_acc<T>(to_acc<float>(in.v[k]) * factors[k / 2]);
               return out;
             });
-      }
     } else {
       // The shift every part of the row is under, as the forward chose it (begin_row, keep_row).
-      const float r0 = target_logit[first + p] < infinity<float>() ? target_logit[first + p] : -infinity<float>();
+      const float r0 = *target_logit < infinity<float>() ? *target_logit : -infinity<float>();
       // (A row of weight 0 needs no rescaling: c = 0 takes it out of both products.)
       const bool own_max = g != 0.f && row_max > r0 + float(TLSE_HOP_ROW_SHIFT_SPAN);
       const float r = own_max ? l : r0;
@@ -253,13 +303,14 @@ __global__ void exponentials_to_gradient_kernel(const KeptLayout kept, const flo
     const float c = g == 0.f || a == 0.f ? 0.f : model.scale * g * a;
     __syncthreads();  // the rescaled row is in place before the target's entry is
     if (threadIdx.x == 0) {
-      row_scale[p] = c;
+      params.row_scale[p] = c;
       if (c != 0.f && x_t != -infinity<float>())
         *kept.at<T>(p, t) = from_acc<T>(exact_target ? exact_entry : (g * expm1f(x_t - l) + (g - w)) / (g * a));
     }
-    if (scaled_rows) {  // 16 bytes at a time (depth is a multiple of 8, the rows 16-byte aligned)
-      const Eight* in = reinterpret_cast<const Eight*>(rows + p * depth);
-      Eight* out = reinterpret_cast<Eight*>(scaled_rows + p * depth);
+    if (params.scaled_rows) {  // 16 bytes at a time (depth is a multiple of 8, the rows 16-byte aligned)
+      const index_t depth = params.depth;
+      const Eight* in = reinterpret_cast<const Eight*>(params.rows + p * depth);
+      Eight* out = reinterpret_cast<Eight*>(params.scaled_rows + p * depth);
       const float cf = c * stored_times;
       for (index_t k = threadIdx.x; k < depth / 8; k += blockDim.x) {
         const Eight v = in[k];
