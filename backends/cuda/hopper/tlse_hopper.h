@@ -70,74 +70,84 @@ typedef struct {
   int64_t valid_cols;       /**< col id >= valid_cols is masked; INT64_MAX: every column */
 } tlse_hop_logit_model;
 
-/** The forward sweep: partial LSE states by position, in the layout of the Kokkos-side merge: the
- * rows' per column split (rows without a position unwritten), the columns' (and the column logit
- * sums) per row group, each group owning its column slots.
- * Kept exponentials (optional, bf16 or fp16 inputs without column outputs): the training step
- * keeps the tiles' exponentials for its gradient instead of recomputing the tiles. A part of a row
- * is its columns j of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 == q < 4 (a
- * consumer thread's), m the largest of its logits. Each part is under a shift s
- * (exponentials_shift), and each of its logits x is kept as exp(x - s) in the input type
- * (exponentials). Where every part of a row is under the row's r (exponentials_row_shift), the
- * row's softmax is exp(r - lse) times its exponentials, and the products can take them as they are
- * (row_scale) instead of a pass over them. TMA stores them (alignments: exponentials,
- * ld_exponentials, exponentials_tail). */
+/** The rows' partial LSE states of the forward sweep: [column split][rows positions], each the
+ * split's over its columns (rows without a position unwritten). */
 typedef struct {
-  int32_t dtype;                       /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
-  tlse_hop_side rows;                  /**< the rows of the implicit matrix */
-  tlse_hop_side cols;                  /**< its columns */
-  int64_t depth;                       /**< elements of a row of either side */
-  tlse_hop_logit_model logit;          /**< the logit of each entry */
-  float* row_max;                      /**< [column split][rows positions]: the split's max of each row (rows without
-                                            a position unwritten) */
-  float* row_sum;                      /**< [column split][rows positions]: sum of exp(x - row_max) */
-  float* col_max;                      /**< [row group][cols.count]; NULL: no column LSE */
-  float* col_sum;                      /**< [row group][cols.count]: sum of exp(x - col_max) */
-  float* col_logit_sum;                /**< [row group][cols.count]; NULL: no column logit sums */
-  void* exponentials;                  /**< in the input type (bf16, fp16), 16-byte aligned; NULL: none kept. Logit x
-                                            of a kept column as exp(x - s) at exponentials[row * ld_exponentials +
-                                            col] (row < rows.count, col < kept; rows.position NULL), or in panels
-                                            (exponentials_panel). bf16 at most e^SPAN (TLSE_HOP_ROW_SHIFT_SPAN), in its
-                                            normal range down to s - 87 (2^-8 relative; below, 0); fp16 2^-11 relative
-                                            down to 2^-14, below that fp16's subnormal steps of 2^-24 (2^-39 of the
-                                            part's largest) */
-  int64_t ld_exponentials;             /**< elements from a row of exponentials to the next (a multiple of 8). TMA
-                                            writes a row's last 16-byte chunk whole: up to 7 values past kept, within
-                                            ld_exponentials, are not to be read */
-  float* exponentials_shift;           /**< with exponentials: the part's shift s at [row * 4 * ceil(kept /
-                                            TLSE_HOP_TILE_N) + 4 n + q], -inf where every logit of the part is masked.
-                                            bf16: the row's r when m <= r + TLSE_HOP_ROW_SHIFT_SPAN, else m itself.
-                                            fp16: s = k ln 2 with k = ceil(m log2 e) - TLSE_HOP_FP16_HEADROOM, an
-                                            integer, so that a part's values lie in fp16's range up to 2^HEADROOM (its
-                                            largest above half that) and parts differ by powers of two */
-  const float* exponentials_row_shift; /**< with bf16 exponentials, or NULL (always for fp16): r by row, NULL or r =
-                                            +inf: none. r should be a logit of the row (the training step's target
-                                            logit): what lies 87 below it is lost to the row's exponentials and its LSE
-                                            state */
-  int64_t exponentials_cols;           /**< kept: the columns below it are kept; 0: every column; else a multiple of
-                                            TLSE_HOP_TILE_N, at most cols.count: the other tiles only fold into the
-                                            row states */
-  int64_t exponentials_panel;          /**< 0: the kept columns in one matrix; else P (a multiple of TLSE_HOP_TILE_N)
-                                            columns per panel: column col of panel k = col / P at
-                                            exponentials[k * exponentials_panel_stride + row * ld_exponentials + col -
-                                            k P] */
-  int64_t exponentials_panel_stride;   /**< with exponentials_panel: elements from a panel to the next (a multiple of
-                                            8, at least rows.count * ld_exponentials) */
-  void* exponentials_tail;             /**< with exponentials_panel: the panels from t = exponentials_tail_panel on,
-                                            one after another (16-byte aligned): panel k >= t at exponentials_tail[(k -
-                                            t) * rows.count * ld_exponentials + row * ld_exponentials + col - k P] (the
-                                            training step keeps panels in its caller's gradient storage and, past it, in
-                                            its workspace); NULL: none */
-  int64_t exponentials_tail_panel;     /**< with exponentials_tail: the first panel there (t) */
-  int64_t max_col_splits;              /**< at most this many column splits */
-  int64_t max_row_groups;              /**< at most this many row groups */
-  int64_t col_splits;                  /**< out: the column splits the call used */
-  int64_t row_groups;                  /**< out: the row groups the call used */
-  float* row_best;                     /**< [column split][rows positions]: the split's largest logit of each
-                                            row, with row_best_col; NULL: no argmax (rows alone, no
-                                            exponentials kept) */
-  int32_t* row_best_col;               /**< [column split][rows positions]: its column (the lowest of equal
-                                            ones), INT32_MAX where every logit of the split is -inf */
+  float* max; /**< the split's max of each row */
+  float* sum; /**< sum of exp(x - max) */
+} tlse_hop_row_partials;
+
+/** The rows' argmax of the forward sweep (rows alone, no exponentials kept): [column split][rows
+ * positions], as tlse_hop_row_partials. */
+typedef struct {
+  float* best;       /**< the split's largest logit of each row, with best_col; NULL: no argmax */
+  int32_t* best_col; /**< its column (the lowest of equal ones), INT32_MAX where every logit of the split is -inf */
+} tlse_hop_row_argmax;
+
+/** The columns' partials of the forward sweep: [row group][cols.count], each group owning its
+ * column slots. */
+typedef struct {
+  float* max;       /**< the group's max of each column; NULL: no column LSE */
+  float* sum;       /**< sum of exp(x - max) */
+  float* logit_sum; /**< the group's sum of each column's logits; NULL: no column logit sums */
+} tlse_hop_col_partials;
+
+/** The forward's kept exponentials (optional, bf16 or fp16 inputs without column outputs): the
+ * training step keeps the tiles' exponentials for its gradient instead of recomputing the tiles. A
+ * part of a row is its columns j of column tile n (TLSE_HOP_TILE_N columns) with (j mod 8) / 2 ==
+ * q < 4 (a consumer thread's), m the largest of its logits. Each part is under a shift s (shift),
+ * and each of its logits x is kept as exp(x - s) in the input type (data). Where every part of a
+ * row is under the row's r (row_shift), the row's softmax is exp(r - lse) times its exponentials,
+ * and the products can take them as they are (row_scale) instead of a pass over them. TMA stores
+ * them (alignments: data, ld, tail). */
+typedef struct {
+  void* data;             /**< in the input type (bf16, fp16), 16-byte aligned; NULL: none kept. Logit x of a kept
+                               column as exp(x - s) at data[row * ld + col] (row < rows.count, col < kept;
+                               rows.position NULL), or in panels (panel). bf16 at most e^SPAN
+                               (TLSE_HOP_ROW_SHIFT_SPAN), in its normal range down to s - 87 (2^-8 relative; below,
+                               0); fp16 2^-11 relative down to 2^-14, below that fp16's subnormal steps of 2^-24
+                               (2^-39 of the part's largest) */
+  int64_t ld;             /**< elements from a row of data to the next (a multiple of 8). TMA writes a row's last
+                               16-byte chunk whole: up to 7 values past kept, within ld, are not to be read */
+  float* shift;           /**< with data: the part's shift s at [row * 4 * ceil(kept / TLSE_HOP_TILE_N) + 4 n + q],
+                               -inf where every logit of the part is masked. bf16: the row's r when m <= r +
+                               TLSE_HOP_ROW_SHIFT_SPAN, else m itself. fp16: s = k ln 2 with k = ceil(m log2 e) -
+                               TLSE_HOP_FP16_HEADROOM, an integer, so that a part's values lie in fp16's range up
+                               to 2^HEADROOM (its largest above half that) and parts differ by powers of two */
+  const float* row_shift; /**< with bf16 data, or NULL (always for fp16): r by row, NULL or r = +inf: none. r should
+                               be a logit of the row (the training step's target logit): what lies 87 below it is
+                               lost to the row's exponentials and its LSE state */
+  int64_t cols;           /**< the columns below it are kept (`kept` above), the other tiles only fold into the row
+                               states; 0: every column; else a multiple of TLSE_HOP_TILE_N, at most cols.count */
+  int64_t panel;          /**< 0: the kept columns in one matrix; else P (a multiple of TLSE_HOP_TILE_N) columns per
+                               panel: column col of panel k = col / P at data[k * panel_stride + row * ld + col -
+                               k P] */
+  int64_t panel_stride;   /**< with panel: elements from a panel to the next (a multiple of 8, at least rows.count *
+                               ld) */
+  void* tail;             /**< with panel: the panels from t = tail_panel on, one after another (16-byte aligned):
+                               panel k >= t at tail[(k - t) * rows.count * ld + row * ld + col - k P] (the training
+                               step keeps panels in its caller's gradient storage and, past it, in its workspace);
+                               NULL: none */
+  int64_t tail_panel;     /**< with tail: the first panel there (t) */
+} tlse_hop_kept_exponentials;
+
+/** The forward sweep: partial LSE states by position, in the layout of the Kokkos-side merge: the
+ * rows' per column split, the columns' (and the column logit sums) per row group; optionally the
+ * rows' argmax per split, or the kept exponentials. */
+typedef struct {
+  int32_t dtype;                      /**< TLSE_HOP_BF16, TLSE_HOP_FP16 or TLSE_HOP_TF32 */
+  tlse_hop_side rows;                 /**< the rows of the implicit matrix */
+  tlse_hop_side cols;                 /**< its columns */
+  int64_t depth;                      /**< elements of a row of either side */
+  tlse_hop_logit_model logit;         /**< the logit of each entry */
+  tlse_hop_row_partials row_partials; /**< the rows' LSE states per column split (both required) */
+  tlse_hop_row_argmax argmax;         /**< the rows' largest logit and its column per column split, or NULLs */
+  tlse_hop_col_partials col_partials; /**< the columns' LSE states and logit sums per row group, or NULLs */
+  tlse_hop_kept_exponentials kept;    /**< the exponentials kept for the training step; data NULL: none */
+  int64_t max_col_splits;             /**< at most this many column splits */
+  int64_t max_row_groups;             /**< at most this many row groups */
+  int64_t col_splits;                 /**< out: the column splits the call used */
+  int64_t row_groups;                 /**< out: the row groups the call used */
 } tlse_hop_forward_args;
 
 /** One position's share of dL/dx (by id): g * exp(x - lse) - (other id == target ? w : 0).
@@ -221,7 +231,7 @@ typedef struct {
   int64_t a_panel;              /**< 0: A is one matrix; else P (bf16, fp16; A as stored, no mask; a multiple of 64, K
                                      a multiple of P): A's columns lie in panels of P, A(m, k) is
                                      a[(k / P) * a_panel_stride + m * lda + k % P] (the training step's kept
-                                     exponentials, tlse_hop_forward_args: one product over every panel instead of
+                                     exponentials, tlse_hop_kept_exponentials: one product over every panel instead of
                                      one per panel, each adding into the output) */
   int64_t a_panel_stride;       /**< with a_panel: elements from a panel of A to the next (a multiple of 8) */
 } tlse_hop_product_args;
@@ -251,7 +261,7 @@ TLSE_HOP_API const char* tlse_hop_error_string(void);
 /* Tile shapes, for the caller's workspace plans: the gradient panel's tiles and the products' K step. */
 enum { TLSE_HOP_TILE_M = 128, TLSE_HOP_TILE_N = 256 };
 /* How far above its row's shift a part of the kept bf16 exponentials may reach, and the log2 of
- * the largest value a part of fp16 ones takes (tlse_hop_forward_args). */
+ * the largest value a part of fp16 ones takes (tlse_hop_kept_exponentials). */
 enum { TLSE_HOP_ROW_SHIFT_SPAN = 64, TLSE_HOP_FP16_HEADROOM = 15 };
 
 #ifdef __cplusplus

@@ -29,7 +29,7 @@ struct ForwardKind {
 template <class Input>
 ForwardKind forward_kind(const tlse_hop_forward_args& a) {
   ForwardKind k;
-  k.columns = a.col_max || a.col_logit_sum;
+  k.columns = a.col_partials.max || a.col_partials.logit_sum;
   const DeviceLogitModel<Input> model = device_logit_model<Input>(a.logit, a.rows, a.cols);
   k.simple = model.all_simple(a.cols.count) || (!k.columns && model.capped_cols == a.cols.count);
   const char* forced = std::getenv("TLSE_HOP_FORWARD");
@@ -59,15 +59,13 @@ ForwardShape plan_forward(tlse_hop_forward_args& a, int64_t element_bytes, bool 
   return s;
 }
 
-/// The columns whose exponentials are kept: those below exponentials_cols, or every one.
-int64_t kept_columns(const tlse_hop_forward_args& a) {
-  return a.exponentials_cols > 0 ? a.exponentials_cols : a.cols.count;
-}
+/// The columns whose exponentials are kept: those below kept.cols, or every one.
+int64_t kept_columns(const tlse_hop_forward_args& a) { return a.kept.cols > 0 ? a.kept.cols : a.cols.count; }
 
-/// The layers of the exponentials' TMA maps: the panels of exponentials_panel kept columns, or one
+/// The layers of the exponentials' TMA maps: the panels of kept.panel kept columns, or one
 /// layer of them all without panels.
 int64_t kept_layers(const tlse_hop_forward_args& a) {
-  return a.exponentials_panel > 0 ? (kept_columns(a) + a.exponentials_panel - 1) / a.exponentials_panel : 1;
+  return a.kept.panel > 0 ? (kept_columns(a) + a.kept.panel - 1) / a.kept.panel : 1;
 }
 
 template <class Input, bool Columns, bool KeepExponentials = false, bool General = true, bool Paired = false,
@@ -93,39 +91,38 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
   kp.epilogue = {device_side(a.rows),
                  device_side(a.cols),
                  device_logit_model<Input>(a.logit, a.rows, a.cols),
-                 a.row_max,
-                 a.row_sum,
-                 a.col_max,
-                 a.col_sum,
-                 a.col_logit_sum,
+                 a.row_partials.max,
+                 a.row_partials.sum,
+                 a.col_partials.max,
+                 a.col_partials.sum,
+                 a.col_partials.logit_sum,
                  CUtensorMap{},
-                 a.exponentials_shift,
+                 a.kept.shift,
                  4 * ((kept + TILE_N - 1) / TILE_N),
-                 a.exponentials_row_shift,
+                 a.kept.row_shift,
                  kept,
-                 int32_t(a.exponentials_panel > 0 ? a.exponentials_panel / TILE_N : col_tiles),
+                 int32_t(a.kept.panel > 0 ? a.kept.panel / TILE_N : col_tiles),
                  CUtensorMap{},
                  INT32_MAX,
-                 a.row_best,
-                 a.row_best_col};
+                 a.argmax.best,
+                 a.argmax.best_col};
   if constexpr (KeepExponentials) {
     // A three-dimensional map in every case: the panels are its layers (one without panels), and
     // the tail's panels those of a second map.
-    const bool panels = a.exponentials_panel > 0;
+    const bool panels = a.kept.panel > 0;
     const int64_t layers = kept_layers(a);
-    const int64_t first_layers = a.exponentials_tail ? a.exponentials_tail_panel : layers;
+    const int64_t first_layers = a.kept.tail ? a.kept.tail_panel : layers;
     if (first_layers > 0)
-      if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials", kp.epilogue.exponentials_map,
-                                            StagedStore::type_of<Input>(), a.exponentials, a.rows.count,
-                                            panels ? a.exponentials_panel : kept, a.ld_exponentials, first_layers,
-                                            panels ? a.exponentials_panel_stride : a.rows.count * a.ld_exponentials))
+      if (int error = StagedStore::describe("tlse_hop_lse_forward: kept.data", kp.epilogue.exponentials_map,
+                                            StagedStore::type_of<Input>(), a.kept.data, a.rows.count,
+                                            panels ? a.kept.panel : kept, a.kept.ld, first_layers,
+                                            panels ? a.kept.panel_stride : a.rows.count * a.kept.ld))
         return error;
-    if (a.exponentials_tail) {
-      kp.epilogue.exponentials_tail_panel = int32_t(a.exponentials_tail_panel);
-      if (int error = StagedStore::describe("tlse_hop_lse_forward: exponentials_tail",
-                                            kp.epilogue.exponentials_tail_map, StagedStore::type_of<Input>(),
-                                            a.exponentials_tail, a.rows.count, a.exponentials_panel, a.ld_exponentials,
-                                            layers - first_layers, a.rows.count * a.ld_exponentials))
+    if (a.kept.tail) {
+      kp.epilogue.exponentials_tail_panel = int32_t(a.kept.tail_panel);
+      if (int error = StagedStore::describe("tlse_hop_lse_forward: kept.tail", kp.epilogue.exponentials_tail_map,
+                                            StagedStore::type_of<Input>(), a.kept.tail, a.rows.count, a.kept.panel,
+                                            a.kept.ld, layers - first_layers, a.rows.count * a.kept.ld))
         return error;
     }
   }
@@ -142,61 +139,59 @@ namespace {
 int check_forward(const char* call, const tlse_hop_forward_args* a, int elem) {
   if (int e = check_operand(call, "rows", a->rows.data, a->rows.count, a->depth, a->rows.ld, elem)) return e;
   if (int e = check_operand(call, "cols", a->cols.data, a->cols.count, a->depth, a->cols.ld, elem)) return e;
-  if (!a->row_max || !a->row_sum) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_max/row_sum is NULL");
-  if ((a->col_max == nullptr) != (a->col_sum == nullptr))
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": col_max and col_sum go together");
-  if (a->exponentials && (a->dtype == TLSE_HOP_TF32 || a->col_max || a->col_logit_sum))
+  if (!a->row_partials.max || !a->row_partials.sum)
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_partials.max/sum is NULL");
+  if ((a->col_partials.max == nullptr) != (a->col_partials.sum == nullptr))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": col_partials.max and col_partials.sum go together");
+  if (a->kept.data && (a->dtype == TLSE_HOP_TF32 || a->col_partials.max || a->col_partials.logit_sum))
     return fail(TLSE_HOP_E_ARGUMENT,
                 std::string(call) + ": exponentials are kept for bf16 and fp16 inputs without column outputs only");
-  if (a->exponentials && a->dtype == TLSE_HOP_FP16 && a->exponentials_row_shift)
+  if (a->kept.data && a->dtype == TLSE_HOP_FP16 && a->kept.row_shift)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
                                          ": fp16 exponentials are kept under shifts of their own (a power of two "
-                                         "below each part's max), exponentials_row_shift must be NULL");
-  if (a->exponentials && a->rows.position)
+                                         "below each part's max), kept.row_shift must be NULL");
+  if (a->kept.data && a->rows.position)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials are kept by row, rows.position must be NULL");
-  if (a->exponentials &&
-      (a->exponentials_cols < 0 || a->exponentials_cols > a->cols.count || a->exponentials_cols % TILE_N != 0))
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials_cols must be 0 or a multiple of " +
+  if (a->kept.data && (a->kept.cols < 0 || a->kept.cols > a->cols.count || a->kept.cols % TILE_N != 0))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": kept.cols must be 0 or a multiple of " +
                                          std::to_string(TILE_N) + " up to cols.count (" +
-                                         std::to_string(a->cols.count) + "), got " +
-                                         std::to_string(a->exponentials_cols));
-  if (a->exponentials && (a->exponentials_panel < 0 || a->exponentials_panel % TILE_N != 0))
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exponentials_panel must be 0 or a multiple of " +
-                                         std::to_string(TILE_N) + ", got " + std::to_string(a->exponentials_panel));
-  const int64_t row_values = a->exponentials_panel > 0 ? a->exponentials_panel : kept_columns(*a);
-  if (a->exponentials && (a->ld_exponentials < row_values || a->ld_exponentials % 8 != 0 ||
-                          reinterpret_cast<std::uintptr_t>(a->exponentials) % 16 != 0))
+                                         std::to_string(a->cols.count) + "), got " + std::to_string(a->kept.cols));
+  if (a->kept.data && (a->kept.panel < 0 || a->kept.panel % TILE_N != 0))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": kept.panel must be 0 or a multiple of " +
+                                         std::to_string(TILE_N) + ", got " + std::to_string(a->kept.panel));
+  const int64_t row_values = a->kept.panel > 0 ? a->kept.panel : kept_columns(*a);
+  if (a->kept.data &&
+      (a->kept.ld < row_values || a->kept.ld % 8 != 0 || reinterpret_cast<std::uintptr_t>(a->kept.data) % 16 != 0))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
-                                         ": exponentials must be 16-byte aligned with ld_exponentials >= the kept "
+                                         ": kept.data must be 16-byte aligned with kept.ld >= the kept "
                                          "columns of a row (or panel: " +
                                          std::to_string(row_values) + ") and a multiple of 8, got " +
-                                         std::to_string(a->ld_exponentials));
-  if (a->exponentials && a->exponentials_panel > 0 &&
-      (a->exponentials_panel_stride < a->rows.count * a->ld_exponentials || a->exponentials_panel_stride % 8 != 0))
+                                         std::to_string(a->kept.ld));
+  if (a->kept.data && a->kept.panel > 0 &&
+      (a->kept.panel_stride < a->rows.count * a->kept.ld || a->kept.panel_stride % 8 != 0))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
-                                         ": exponentials_panel_stride must be a multiple of 8 of at "
-                                         "least rows.count * ld_exponentials (" +
-                                         std::to_string(a->rows.count * a->ld_exponentials) + "), got " +
-                                         std::to_string(a->exponentials_panel_stride));
-  if (a->exponentials && a->exponentials_tail) {
-    const int64_t panels = a->exponentials_panel > 0 ? kept_layers(*a) : 0;
-    if (panels == 0 || a->exponentials_tail_panel < 0 || a->exponentials_tail_panel >= panels ||
-        reinterpret_cast<std::uintptr_t>(a->exponentials_tail) % 16 != 0)
+                                         ": kept.panel_stride must be a multiple of 8 of at "
+                                         "least rows.count * kept.ld (" +
+                                         std::to_string(a->rows.count * a->kept.ld) + "), got " +
+                                         std::to_string(a->kept.panel_stride));
+  if (a->kept.data && a->kept.tail) {
+    const int64_t panels = a->kept.panel > 0 ? kept_layers(*a) : 0;
+    if (panels == 0 || a->kept.tail_panel < 0 || a->kept.tail_panel >= panels ||
+        reinterpret_cast<std::uintptr_t>(a->kept.tail) % 16 != 0)
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
-                                           ": exponentials_tail takes panels (exponentials_panel > 0), 16-byte "
-                                           "aligned, from exponentials_tail_panel in [0, " +
-                                           std::to_string(panels) + "), got " +
-                                           std::to_string(a->exponentials_tail_panel));
+                                           ": kept.tail takes panels (kept.panel > 0), 16-byte "
+                                           "aligned, from kept.tail_panel in [0, " +
+                                           std::to_string(panels) + "), got " + std::to_string(a->kept.tail_panel));
   }
-  if ((a->row_best == nullptr) != (a->row_best_col == nullptr))
-    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": row_best and row_best_col go together");
-  if (a->row_best && (a->exponentials || a->col_max || a->col_logit_sum))
+  if ((a->argmax.best == nullptr) != (a->argmax.best_col == nullptr))
+    return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": argmax.best and argmax.best_col go together");
+  if (a->argmax.best && (a->kept.data || a->col_partials.max || a->col_partials.logit_sum))
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
-                                         ": the argmax (row_best) comes with the rows alone: no column outputs, no "
+                                         ": the argmax (argmax.best) comes with the rows alone: no column outputs, no "
                                          "exponentials kept");
-  if (a->exponentials && !a->exponentials_shift)
+  if (a->kept.data && !a->kept.shift)
     return fail(TLSE_HOP_E_ARGUMENT,
-                std::string(call) + ": exponentials are kept with their exponentials_shift, which is NULL");
+                std::string(call) + ": exponentials are kept with their kept.shift, which is NULL");
   if (a->max_col_splits < 1 || a->max_row_groups < 1)
     return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_col_splits and max_row_groups must be >= 1");
   return TLSE_HOP_OK;
@@ -224,7 +219,7 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     const ForwardKind kind = forward_kind<Input>(*a);
     const bool columns = kind.columns, simple = kind.simple;
     const auto s = static_cast<cudaStream_t>(stream);
-    if (a->row_best) {  // rows alone (check_forward)
+    if (a->argmax.best) {  // rows alone (check_forward)
       if constexpr (sizeof(Input) == 2)
         if (kind.paired) return run_forward<Input, false, false, false, true, true>(*a, s);
       return simple ? run_forward<Input, false, false, false, false, true>(*a, s)
@@ -232,9 +227,9 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     }
     if constexpr (sizeof(Input) == 2) {
       if (kind.paired)
-        return a->exponentials ? run_forward<Input, false, true, false, true>(*a, s)
-                               : run_forward<Input, false, false, false, true>(*a, s);
-      if (a->exponentials)
+        return a->kept.data ? run_forward<Input, false, true, false, true>(*a, s)
+                            : run_forward<Input, false, false, false, true>(*a, s);
+      if (a->kept.data)
         return simple ? run_forward<Input, false, true, false>(*a, s) : run_forward<Input, false, true>(*a, s);
     }
     if (columns) return simple ? run_forward<Input, true, false, false>(*a, s) : run_forward<Input, true>(*a, s);

@@ -249,10 +249,10 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
   const size_t n_parts = size_t(2 * max_splits * R + 3 * max_groups * C);
   float* parts = mem.allocate<float>(n_parts);
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
-  a.row_max = parts, a.row_sum = parts + max_splits * R;
+  a.row_partials.max = parts, a.row_partials.sum = parts + max_splits * R;
   if (columns) {
-    a.col_max = parts + 2 * max_splits * R, a.col_sum = a.col_max + max_groups * C,
-    a.col_logit_sum = sums ? a.col_sum + max_groups * C : nullptr;
+    a.col_partials.max = parts + 2 * max_splits * R, a.col_partials.sum = a.col_partials.max + max_groups * C,
+    a.col_partials.logit_sum = sums ? a.col_partials.sum + max_groups * C : nullptr;
   }
   a.max_col_splits = max_splits, a.max_row_groups = max_groups;
   a.logit.valid_cols = valid;
@@ -328,12 +328,12 @@ void check_forward(int dtype, int64_t R, int64_t C, int64_t D, double scale, dou
 /// relative rounding (2^-8, 2^-11), the dot product's error on the exponent (expm1 of the bound),
 /// ex2's 2^-21, and the type's absolute floor (bf16: its smallest normal, below which ex2 flushes;
 /// fp16: half its subnormal step). The row LSEs against the reference as in check_forward. Nothing
-/// written past the rows (a sentinel row follows), past each row's last 16 bytes (ld_exponentials
-/// pads each row: TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the
-/// shifts. keep_cols > 0: only the columns below it are kept (exponentials_cols), the LSEs over
-/// every column; panel > 0: in panels of that many columns (exponentials_panel), a gap of 24
-/// values between them; tail_panel >= 0: the panels from it on in the tail (exponentials_tail),
-/// 40 values past the others' end, packed.
+/// written past the rows (a sentinel row follows), past each row's last 16 bytes (kept.ld pads
+/// each row: TMA writes a row's last 16-byte chunk whole, as tlse_hopper.h says) or past the
+/// shifts. keep_cols > 0: only the columns below it are kept (kept.cols), the LSEs over every
+/// column; panel > 0: in panels of that many columns (kept.panel), a gap of 24 values between
+/// them; tail_panel >= 0: the panels from it on in the tail (kept.tail), 40 values past the
+/// others' end, packed.
 void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double scale, bool shifted,
                              int64_t keep_cols = 0, int64_t panel = 0, int64_t tail_panel = -1) {
   const bool fp16 = dtype == TLSE_HOP_FP16;
@@ -367,12 +367,12 @@ void check_kept_exponentials(int dtype, int64_t R, int64_t C, int64_t D, double 
   float *shift = mem.upload(init_max), *d_row_shift = mem.upload(row_shift);
   float* parts = mem.allocate<float>(size_t(2 * max_splits * R));
   auto a = sweep_args<tlse_hop_forward_args>(dtype, dA, dB, R, C, D, scale);
-  a.row_max = parts, a.row_sum = parts + max_splits * R;
-  a.exponentials = kept, a.ld_exponentials = ld, a.exponentials_shift = shift;
-  a.exponentials_row_shift = shifted ? d_row_shift : nullptr;
-  a.exponentials_cols = keep_cols;
-  a.exponentials_panel = panel, a.exponentials_panel_stride = panel > 0 ? stride : 0;
-  if (tail_panel >= 0) a.exponentials_tail = kept + tail_at, a.exponentials_tail_panel = tail_panel;
+  a.row_partials.max = parts, a.row_partials.sum = parts + max_splits * R;
+  a.kept.data = kept, a.kept.ld = ld, a.kept.shift = shift;
+  a.kept.row_shift = shifted ? d_row_shift : nullptr;
+  a.kept.cols = keep_cols;
+  a.kept.panel = panel, a.kept.panel_stride = panel > 0 ? stride : 0;
+  if (tail_panel >= 0) a.kept.tail = kept + tail_at, a.kept.tail_panel = tail_panel;
   a.max_col_splits = max_splits, a.max_row_groups = 1;
   const int rc = tlse_hop_lse_forward(&a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
@@ -923,7 +923,7 @@ void check_arguments() {
   };
   const auto forward = [&] {
     auto a = sweep_args<tlse_hop_forward_args>(TLSE_HOP_BF16, data, data, 100, 300, 64, 1.0);
-    a.row_max = a.row_sum = part;
+    a.row_partials.max = a.row_partials.sum = part;
     a.max_col_splits = a.max_row_groups = 4;
     return a;
   };
@@ -941,34 +941,32 @@ void check_arguments() {
   a.rows.count = 0;
   refused(tlse_hop_lse_forward(&a, nullptr), "rows has 0 rows", "forward: no rows");
   a = forward();
-  a.col_max = part;
-  refused(tlse_hop_lse_forward(&a, nullptr), "col_max and col_sum go together", "forward: col_max alone");
+  a.col_partials.max = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "col_partials.max and col_partials.sum go together",
+          "forward: col_partials.max alone");
   a = forward();
-  a.exponentials = part, a.ld_exponentials = 302, a.exponentials_shift = part;
-  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 8, got 302", "forward: exponentials, ld_exponentials 302");
-  a.ld_exponentials = 304, a.exponentials_shift = nullptr;
-  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_shift, which is NULL",
-          "forward: exponentials without their shifts");
-  a.exponentials_shift = part, a.exponentials_cols = 100;
-  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_cols must be 0 or a multiple of 256",
-          "forward: exponentials_cols 100");
-  a.exponentials_cols = 0, a.exponentials_panel = 256, a.exponentials_panel_stride = 304;
-  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_panel_stride must be a multiple of 8 of at least",
+  a.kept.data = part, a.kept.ld = 302, a.kept.shift = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "a multiple of 8, got 302", "forward: exponentials, kept.ld 302");
+  a.kept.ld = 304, a.kept.shift = nullptr;
+  refused(tlse_hop_lse_forward(&a, nullptr), "kept.shift, which is NULL", "forward: exponentials without their shifts");
+  a.kept.shift = part, a.kept.cols = 100;
+  refused(tlse_hop_lse_forward(&a, nullptr), "kept.cols must be 0 or a multiple of 256", "forward: kept.cols 100");
+  a.kept.cols = 0, a.kept.panel = 256, a.kept.panel_stride = 304;
+  refused(tlse_hop_lse_forward(&a, nullptr), "kept.panel_stride must be a multiple of 8 of at least",
           "forward: panels closer than their rows");
-  a.exponentials_panel_stride = 100 * 304, a.exponentials_tail = data, a.exponentials_tail_panel = 2;
+  a.kept.panel_stride = 100 * 304, a.kept.tail = data, a.kept.tail_panel = 2;
   refused(tlse_hop_lse_forward(&a, nullptr),
-          "exponentials_tail takes panels (exponentials_panel > 0), 16-byte aligned, from exponentials_tail_panel in "
-          "[0, 2), got 2",
+          "kept.tail takes panels (kept.panel > 0), 16-byte aligned, from kept.tail_panel in [0, 2), got 2",
           "forward: a tail past the last panel");
-  a.exponentials_tail_panel = 1, a.exponentials_tail = data + 8;
+  a.kept.tail_panel = 1, a.kept.tail = data + 8;
   refused(tlse_hop_lse_forward(&a, nullptr), "16-byte aligned", "forward: a misaligned tail");
-  a.exponentials_tail = nullptr, a.exponentials_panel = 0;
+  a.kept.tail = nullptr, a.kept.panel = 0;
   a.rows.position = reinterpret_cast<const int32_t*>(data);
   refused(tlse_hop_lse_forward(&a, nullptr), "rows.position must be NULL", "forward: exponentials by position");
   a.rows.position = nullptr, a.dtype = TLSE_HOP_TF32;
   refused(tlse_hop_lse_forward(&a, nullptr), "kept for bf16 and fp16 inputs", "forward: TF32 exponentials");
-  a.dtype = TLSE_HOP_FP16, a.exponentials_row_shift = part;
-  refused(tlse_hop_lse_forward(&a, nullptr), "exponentials_row_shift must be NULL", "forward: fp16 under row shifts");
+  a.dtype = TLSE_HOP_FP16, a.kept.row_shift = part;
+  refused(tlse_hop_lse_forward(&a, nullptr), "kept.row_shift must be NULL", "forward: fp16 under row shifts");
   a = forward();
   const int planned = tlse_hop_lse_forward_plan(&a);
   expect(planned == TLSE_HOP_OK && a.col_splits >= 1 && a.col_splits <= 4 && a.row_groups == 1,

@@ -64,15 +64,15 @@ struct LseForwardHopper {
     a.max_col_splits = parts.max_col_splits;
     a.max_row_groups = parts.max_row_splits;
     // Placeholders for the plan (it only looks at which outputs are wanted).
-    a.row_max = a.row_sum = parts.rows;
-    a.col_max = a.col_sum = parts.cols;
-    a.col_logit_sum = parts.col_sums;
-    a.row_best = parts.row_best;
-    a.row_best_col = parts.row_best_id;
+    a.row_partials.max = a.row_partials.sum = parts.rows;
+    a.col_partials.max = a.col_partials.sum = parts.cols;
+    a.col_partials.logit_sum = parts.col_sums;
+    a.argmax.best = parts.row_best;
+    a.argmax.best_col = parts.row_best_id;
     check_hopper(tlse_hop_lse_forward_plan(&a), "tlse_hop_lse_forward_plan");
     const index_t na = prob.rows.count, nb = prob.cols.count;
-    a.row_sum = parts.rows + a.col_splits * na;
-    if (parts.cols) a.col_sum = parts.cols + a.row_groups * nb;
+    a.row_partials.sum = parts.rows + a.col_splits * na;
+    if (parts.cols) a.col_partials.sum = parts.cols + a.row_groups * nb;
     parts.col_splits = a.col_splits;
     parts.row_splits = a.row_groups;
     check_hopper(tlse_hop_lse_forward(&a, stream), "tlse_hop_lse_forward");

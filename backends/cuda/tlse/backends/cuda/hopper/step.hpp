@@ -254,7 +254,7 @@ struct LseStepHopper {
   /// The forward sweep of `count` rows (from `rows`) against every column of prob, keeping the
   /// exponentials of the columns below kept_cols (0: all) where `kept` says, under the rows'
   /// shifts row_shift (the shifts per part to `shifts`), the row LSE states to `partials`
-  /// (MAX_SWEEP_SPLITS x 2 x count); returns its arguments (row_max, row_sum, col_splits).
+  /// (MAX_SWEEP_SPLITS x 2 x count); returns its arguments (row_partials, col_splits).
   template <class T>
   static tlse_hop_forward_args forward_keeping(cudaStream_t stream, const TileProblem<T, float>& prob, const T* rows,
                                                index_t count, const KeptLayout& kept, index_t kept_cols, float* shifts,
@@ -267,15 +267,15 @@ struct LseStepHopper {
     f.cols = tlse_hop_side{prob.cols.data, D, prob.cols.count, nullptr, nullptr, 0};
     f.depth = D;
     f.logit = hopper_logit(prob.logit);
-    f.row_max = f.row_sum = partials;
-    f.exponentials = kept.data, f.ld_exponentials = kept.ld, f.exponentials_shift = shifts;
-    f.exponentials_row_shift = scaled<T> ? nullptr : row_shift;  // fp16: every part under its own (tlse_hopper.h)
-    f.exponentials_cols = kept_cols;
-    f.exponentials_panel = kept.panel, f.exponentials_panel_stride = kept.panel_stride;
-    f.exponentials_tail = kept.tail, f.exponentials_tail_panel = kept.tail_panel;
+    f.row_partials.max = f.row_partials.sum = partials;
+    f.kept.data = kept.data, f.kept.ld = kept.ld, f.kept.shift = shifts;
+    f.kept.row_shift = scaled<T> ? nullptr : row_shift;  // fp16: every part under its own (tlse_hopper.h)
+    f.kept.cols = kept_cols;
+    f.kept.panel = kept.panel, f.kept.panel_stride = kept.panel_stride;
+    f.kept.tail = kept.tail, f.kept.tail_panel = kept.tail_panel;
     f.max_col_splits = StepPlan::MAX_SWEEP_SPLITS, f.max_row_groups = 1;
     check_hopper(tlse_hop_lse_forward_plan(&f), "tlse_hop_lse_forward_plan");
-    f.row_sum = partials + f.col_splits * count;
+    f.row_partials.sum = partials + f.col_splits * count;
     check_hopper(tlse_hop_lse_forward(&f, stream), "tlse_hop_lse_forward (exponentials kept)");
     return f;
   }
@@ -283,7 +283,7 @@ struct LseStepHopper {
   /// The `rows` rows from scored row `first` on (ids through row_index, or none) with the
   /// partial states forward `f` left of them.
   static ChunkRows chunk_rows(const tlse_hop_forward_args& f, index_t rows, index_t first, const int* row_index) {
-    return ChunkRows{f.row_max, f.row_sum, int(f.col_splits), rows, first, row_index};
+    return ChunkRows{f.row_partials.max, f.row_partials.sum, int(f.col_splits), rows, first, row_index};
   }
 
   /// fp16: the chunk's (or every row's) factor for G and A' (step_factor_kernel), from the row

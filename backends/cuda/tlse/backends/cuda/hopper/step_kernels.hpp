@@ -84,8 +84,7 @@ __global__ void step_factor_kernel(const float* bound, index_t rows, float logit
 /// Where the forward kept the exponentials of a chunk's rows (bf16 or fp16): row p's of column j at
 /// p * ld + j, or in panels of `panel` columns (a multiple of 8), panel k = j / panel at
 /// panel_data(k) + p * ld + j - k * panel: data + k * panel_stride, or from panel tail_panel on
-/// (where tail is set) tail + (k - tail_panel) * tail_stride (tlse_hop_forward_args'
-/// exponentials_tail).
+/// (where tail is set) tail + (k - tail_panel) * tail_stride (tlse_hop_kept_exponentials::tail).
 struct KeptLayout {
   void* data = nullptr;
   index_t ld = 0, panel = 0, panel_stride = 0;

@@ -42,7 +42,7 @@ struct StepPlan {
   struct Buffers {
     float* factor;       // FACTOR_FLOATS: fp16's power of two for G and A', its inverse (hopper/step.hpp)
     void* exponentials;  // chunk x ld_exponentials (16-bit): the chunk's exponentials, then E' or G (ldg)
-    float* shifts;       // chunk x ld_shifts: the shifts the exponentials are under (exponentials_shift)
+    float* shifts;       // chunk x ld_shifts: the shifts the exponentials are under (tlse_hop_kept_exponentials::shift)
     float* row_scale;    // chunk: G's row factors c (G = diag(c) E')
     float* partials;     // MAX_SWEEP_SPLITS x 2 x chunk: the forward's row LSE states
     char* chunk_rows;    // chunk x depth 16-bit: the chunk's rows gathered through the row index, then times c
