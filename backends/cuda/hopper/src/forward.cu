@@ -68,13 +68,12 @@ int64_t kept_layers(const tlse_hop_forward_args& a) {
   return a.kept.panel > 0 ? (kept_columns(a) + a.kept.panel - 1) / a.kept.panel : 1;
 }
 
-template <class Input, bool Columns, bool KeepExponentials = false, bool General = true, bool Paired = false,
-          bool ArgMax = false>
+template <class Input, ForwardVariant Variant>
 int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
-  constexpr int cluster = forward_cluster(Paired);
+  constexpr int cluster = forward_cluster(has(Variant, ForwardVariant::Paired));
   using Config = TileConfig<MmaElement<Input>, false, false, cluster>;
-  using Epilogue = LseForwardEpilogue<Input, Columns, KeepExponentials, General, ArgMax>;
-  const ForwardShape s = plan_forward(a, sizeof(Input), Columns, cluster);
+  using Epilogue = LseForwardEpilogue<Input, Variant>;
+  const ForwardShape s = plan_forward(a, sizeof(Input), Epilogue::Columns, cluster);
   const int64_t row_tiles = s.row_tiles, col_tiles = s.col_tiles, per_group = s.per_group, per_split = s.per_split;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
 
@@ -106,7 +105,7 @@ int run_forward(tlse_hop_forward_args& a, cudaStream_t stream) {
                  INT32_MAX,
                  a.argmax.best,
                  a.argmax.best_col};
-  if constexpr (KeepExponentials) {
+  if constexpr (Epilogue::KeepExponentials) {
     // A three-dimensional map in every case: the panels are its layers (one without panels), and
     // the tail's panels those of a second map.
     const bool panels = a.kept.panel > 0;
@@ -219,20 +218,22 @@ extern "C" int tlse_hop_lse_forward(tlse_hop_forward_args* a, void* stream) {
     const ForwardKind kind = forward_kind<Input>(*a);
     const bool columns = kind.columns, simple = kind.simple;
     const auto s = static_cast<cudaStream_t>(stream);
+    using V = ForwardVariant;
     if (a->argmax.best) {  // rows alone (check_forward)
       if constexpr (sizeof(Input) == 2)
-        if (kind.paired) return run_forward<Input, false, false, false, true, true>(*a, s);
-      return simple ? run_forward<Input, false, false, false, false, true>(*a, s)
-                    : run_forward<Input, false, false, true, false, true>(*a, s);
+        if (kind.paired) return run_forward<Input, V::Paired | V::Simple | V::ArgMax>(*a, s);
+      return simple ? run_forward<Input, V::Simple | V::ArgMax>(*a, s) : run_forward<Input, V::ArgMax>(*a, s);
     }
     if constexpr (sizeof(Input) == 2) {
       if (kind.paired)
-        return a->kept.data ? run_forward<Input, false, true, false, true>(*a, s)
-                            : run_forward<Input, false, false, false, true>(*a, s);
+        return a->kept.data ? run_forward<Input, V::Paired | V::Simple | V::KeepExponentials>(*a, s)
+                            : run_forward<Input, V::Paired | V::Simple>(*a, s);
       if (a->kept.data)
-        return simple ? run_forward<Input, false, true, false>(*a, s) : run_forward<Input, false, true>(*a, s);
+        return simple ? run_forward<Input, V::Simple | V::KeepExponentials>(*a, s)
+                      : run_forward<Input, V::KeepExponentials>(*a, s);
     }
-    if (columns) return simple ? run_forward<Input, true, false, false>(*a, s) : run_forward<Input, true>(*a, s);
-    return simple ? run_forward<Input, false, false, false>(*a, s) : run_forward<Input, false>(*a, s);
+    if (columns)
+      return simple ? run_forward<Input, V::Columns | V::Simple>(*a, s) : run_forward<Input, V::Columns>(*a, s);
+    return simple ? run_forward<Input, V::Simple>(*a, s) : run_forward<Input, V::RowsOnly>(*a, s);
   });
 }

@@ -6,10 +6,10 @@
 namespace tlse::hopper {
 namespace {
 
-template <class Input, bool General, bool Filter, bool Capped = false, bool Diagonal = false>
+template <class Input, GradientVariant Variant>
 int run_gradient(tlse_hop_gradient_args& a, cudaStream_t stream) {
   using Config = TileConfig<MmaElement<Input>, false, false>;
-  using Epilogue = GradientEpilogue<Input, General, Filter, Capped, Diagonal>;
+  using Epilogue = GradientEpilogue<Input, Variant>;
   const int64_t width = a.col_end - a.col_begin;
   const int64_t row_tiles = (a.rows.count + TILE_M - 1) / TILE_M, col_tiles = (width + TILE_N - 1) / TILE_N;
   const int64_t k_tiles = (a.depth + Config::BK - 1) / Config::BK;
@@ -85,10 +85,12 @@ extern "C" int tlse_hop_gradient(tlse_hop_gradient_args* a, void* stream) {
                         model.capped_cols >= a->col_end;
     const bool simple = model.all_simple(a->col_end);
     const auto s = static_cast<cudaStream_t>(stream);
-    if (capped) return run_gradient<Input, false, true, true>(*a, s);
+    using V = GradientVariant;
+    if (capped) return run_gradient<Input, V::Simple | V::Filter | V::Capped>(*a, s);
     if (model.simple_but_diagonal(a->col_end) && !(a->filter_eps > 0.f))
-      return run_gradient<Input, false, false, false, true>(*a, s);
-    if (!simple) return run_gradient<Input, true, true>(*a, s);
-    return a->filter_eps > 0.f ? run_gradient<Input, false, true>(*a, s) : run_gradient<Input, false, false>(*a, s);
+      return run_gradient<Input, V::Simple | V::Diagonal>(*a, s);
+    if (!simple) return run_gradient<Input, V::General | V::Filter>(*a, s);
+    return a->filter_eps > 0.f ? run_gradient<Input, V::Simple | V::Filter>(*a, s)
+                               : run_gradient<Input, V::Simple>(*a, s);
   });
 }

@@ -31,22 +31,40 @@ struct GradientParams {
   float* col_sums;
 };
 
-/// General: some tile may need the general logit model (see LseForwardEpilogue); without it the
-/// kernel has only the simple loops, the last column tile masking what lies past the panel.
-/// Filter (taken into account without General): gradient filtering is on; off (the contrastive
+/// The gradient panel's kernel variants, a set of flags (template arguments of run_gradient and
+/// GradientEpilogue, joined by |). Without Simple some tile may need the general logit model (see
+/// LseForwardEpilogue); with it the kernel has only the simple loops, the last column tile masking
+/// what lies past the panel.
+/// Filter (taken into account with Simple): gradient filtering is on; off (the contrastive
 /// loss never filters), the simple loops track no softmax maximum or target hit: 11% fewer
 /// instructions in the bf16 kernel (SASS), and a shorter contrastive fwd+bwd
 /// (docs/notes/2026-11-26.md, "Sweeps without filter tracking").
-/// Capped (without General): the row side alone under a softcap, x = capped(scale * dot) (its own
+/// Capped (with Simple): the row side alone under a softcap, x = capped(scale * dot) (its own
 /// kernel: as a branch of the kernel without it, it made that one spill 28 bytes and the
 /// cross-entropy fwd+bwd slower; docs/notes/2026-11-26.md, "The softcap on the simple loops").
-/// Diagonal (without General and Filter): the model is simple but for the excluded diagonal (the
+/// Diagonal (with Simple, without Filter): the model is simple but for the excluded diagonal (the
 /// self-similarity form); the simple loops zero each row's entry on it: through the general kernel
 /// the form's gradient panels took much longer. A second copy of the loops for the tiles the
 /// diagonal meets was slower and kept 360 bytes of stack against 64 (docs/notes/2026-11-28.md,
 /// "The self-similarity form's gradient tiles off the general kernel").
-template <class T, bool General = true, bool Filter = true, bool Capped = false, bool Diagonal = false>
+enum class GradientVariant : unsigned {
+  General = 0,         // no flag: the general logit model where a tile needs it, no filtering
+  Simple = 1u << 0,    // no general logit model
+  Filter = 1u << 1,    // gradient filtering
+  Capped = 1u << 2,    // the row side alone under a softcap
+  Diagonal = 1u << 3,  // simple but for the excluded diagonal
+};
+constexpr GradientVariant operator|(GradientVariant a, GradientVariant b) {
+  return GradientVariant(unsigned(a) | unsigned(b));
+}
+constexpr bool has(GradientVariant set, GradientVariant flag) { return (unsigned(set) & unsigned(flag)) != 0; }
+
+template <class T, GradientVariant Variant>
 struct GradientEpilogue {
+  static constexpr bool General = !has(Variant, GradientVariant::Simple);
+  static constexpr bool Filter = has(Variant, GradientVariant::Filter);
+  static constexpr bool Capped = has(Variant, GradientVariant::Capped);
+  static constexpr bool Diagonal = has(Variant, GradientVariant::Diagonal);
   static_assert(!Diagonal || (!General && !Filter && !Capped), "Diagonal is a variant of the simple kernel");
   using Params = GradientParams<T>;
   struct SharedStorage {

@@ -2,7 +2,7 @@
 // Epilogue of the forward: each finished tile becomes logits (the logit model) and is folded into
 // online LSE states. Rows: each thread keeps the state of its 2 rows over its 64 columns of every
 // tile of the unit, and the quad merges them once, when the row tile is done (row_max/row_sum
-// [column split][row]). Columns (Columns = true): per tile, the column max over the tile's 128
+// [column split][row]). Columns (ForwardVariant::Columns): per tile, the column max over the tile's 128
 // rows (lanes by a reduce-scatter, then the 8 warps through shared memory), the sum of
 // exponentials under it and the logit sum are merged into the column slot of the unit's row group,
 // which no other unit touches (col_*[row group][col]); the group's first row tile writes it, and
@@ -36,15 +36,33 @@ struct LseForwardParams {
   int32_t* row_best_col;                // and its column
 };
 
-/// General: some tile may need the general logit model (bias, softcap, masks, column ids; the
-/// tile's ModelColumns in shared memory). Without it every column takes x = scale * dot
-/// (the host checked that the model is that simple for all of them), or for the row LSE alone
-/// x = capped(scale * dot), and the kernel has no general path. ArgMax (rows alone): each row's
-/// largest logit and its column per split too. A thread searches its part of a row for the column
-/// only when the part's max reaches the row's best so far, which after the first tiles is rare:
-/// the search costs little against the exponentials every entry takes.
-template <class T, bool Columns, bool KeepExponentials = false, bool General = true, bool ArgMax = false>
+/// The forward's kernel variants, a set of flags (template arguments of run_forward and
+/// LseForwardEpilogue, joined by |). Without Simple some tile may need the general logit model
+/// (bias, softcap, masks, column ids; the tile's ModelColumns in shared memory). With it every
+/// column takes x = scale * dot (the host checked that the model is that simple for all of them),
+/// or for the row LSE alone x = capped(scale * dot), and the kernel has no general path. ArgMax
+/// (rows alone): each row's largest logit and its column per split too. A thread searches its part
+/// of a row for the column only when the part's max reaches the row's best so far, which after the
+/// first tiles is rare: the search costs little against the exponentials every entry takes.
+enum class ForwardVariant : unsigned {
+  RowsOnly = 0,                // no flag: the row LSE states alone, under the general model, in single CTAs
+  Columns = 1u << 0,           // the columns' LSE states and logit sums too
+  KeepExponentials = 1u << 1,  // the tiles' exponentials kept (16-bit inputs, rows alone)
+  Simple = 1u << 2,            // no general logit model
+  Paired = 1u << 3,            // in clusters of two CTAs (TileConfig); the epilogue does not look at it
+  ArgMax = 1u << 4,            // each row's largest logit and its column (rows alone)
+};
+constexpr ForwardVariant operator|(ForwardVariant a, ForwardVariant b) {
+  return ForwardVariant(unsigned(a) | unsigned(b));
+}
+constexpr bool has(ForwardVariant set, ForwardVariant flag) { return (unsigned(set) & unsigned(flag)) != 0; }
+
+template <class T, ForwardVariant Variant>
 struct LseForwardEpilogue {
+  static constexpr bool Columns = has(Variant, ForwardVariant::Columns);
+  static constexpr bool KeepExponentials = has(Variant, ForwardVariant::KeepExponentials);
+  static constexpr bool General = !has(Variant, ForwardVariant::Simple);
+  static constexpr bool ArgMax = has(Variant, ForwardVariant::ArgMax);
   static_assert(!ArgMax || (!Columns && !KeepExponentials), "the argmax comes with the rows alone");
   using Params = LseForwardParams<T>;
   struct NoStaging {};
