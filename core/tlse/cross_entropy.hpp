@@ -396,7 +396,7 @@ void cross_entropy_with_gradients(
             return impl::LseStepSpecialization<Exec>::run(exec, r);
           });
           if (done && impl::smoothing_by_vectors(opts))
-            call.smoothing_gradients(f.active, a.coef.spread, a.vectors, dE, dC, dbias);
+            call.smoothing_gradients(f.active, a.coef.spread, a.vectors, dE, dC, dbias, f.rows.vectors.v);
         });
     Kokkos::Profiling::popRegion();
   }

@@ -357,17 +357,21 @@ struct CrossEntropyCall {
 
   /// Label smoothing's rank-one share of the gradients (without a softcap): dE_i -= s_i C^T u
   /// for the scored rows, dC_j -= u_j E^T s, dbias_j -= u_j sum_i s_i (spread s by row id, 0 for
-  /// rows not scored). Each output may be empty.
+  /// rows not scored). Each output may be empty. `c_u`: C^T u as smoothing_row_sums left it in
+  /// its vectors' v (the training step's forward), or nullptr: computed here.
   template <class DEV, class DCV, class DBiasV>
   void smoothing_gradients(const int* active, const Acc* spread, const SmoothingVectors<Acc>& s, const DEV& dE,
-                           const DCV& dC, const DBiasV& dbias) const {
+                           const DCV& dC, const DBiasV& dbias, const Acc* c_u = nullptr) const {
     const index_t D = index_t(E.extent(1));
     const Acc* u = class_weight();
     const auto all = KOKKOS_LAMBDA(index_t j) { return j; };
     if (dE.extent(0)) {
-      weighted_column_sums(exec, C.data(), V, D, u, s.partials, s.v);
-      subtract_outer(exec, dE.data(), D, active_count, KOKKOS_LAMBDA(index_t k) { return index_t(active[k]); }, spread,
-                     s.v);
+      if (!c_u) {
+        weighted_column_sums(exec, C.data(), V, D, u, s.partials, s.v);
+        c_u = s.v;
+      }
+      subtract_outer(
+          exec, dE.data(), D, active_count, KOKKOS_LAMBDA(index_t k) { return index_t(active[k]); }, spread, c_u);
     }
     if (dC.extent(0)) {
       weighted_column_sums(exec, E.data(), N, D, spread, s.partials, s.v);

@@ -14,7 +14,7 @@
 namespace tlse::impl {
 
 /// How weighted_column_sums splits the rows: `chunks` chunks of `rows_per_chunk` rows, one team
-/// each, whose partial sums (chunks x depth) are then added in chunk order: deterministic.
+/// each, whose partial sums (chunks x depth) are then added in a fixed order: deterministic.
 struct ColumnSumPlan {
   index_t chunks = 1, rows_per_chunk = 1;
 
@@ -71,11 +71,26 @@ void weighted_column_sums(const Exec& exec, const T* M, index_t rows, index_t de
               dst[lane] = s[0];
           });
         });
+  // The chunks' sums in two levels, so that more than `depth` threads share the reads: groups of
+  // about sqrt(chunks) chunks into their first chunk's row (in place), then the groups.
   const index_t chunks = rows > 0 ? plan.chunks : 0;
+  index_t per_group = 1;
+  while ((per_group + 1) * (per_group + 1) <= chunks) ++per_group;
+  const index_t groups = chunks > 0 ? (chunks + per_group - 1) / per_group : 0;
+  if (per_group > 1)
+    Kokkos::parallel_for(
+        "tlse::weighted_column_sums_groups", Kokkos::RangePolicy<Exec>(exec, 0, groups * depth),
+        KOKKOS_LAMBDA(index_t idx) {
+          const index_t first = (idx / depth) * per_group, k = idx % depth;
+          const index_t end = impl::min<index_t>(chunks, first + per_group);
+          Acc s = 0;
+          for (index_t c = first; c < end; ++c) s += partials[c * depth + k];
+          partials[first * depth + k] = s;
+        });
   Kokkos::parallel_for(
       "tlse::weighted_column_sums_merge", Kokkos::RangePolicy<Exec>(exec, 0, depth), KOKKOS_LAMBDA(index_t k) {
         Acc s = 0;
-        for (index_t c = 0; c < chunks; ++c) s += partials[c * depth + k];
+        for (index_t g = 0; g < groups; ++g) s += partials[g * per_group * depth + k];
         out[k] = s;
       });
 }
@@ -122,16 +137,30 @@ void row_dots(const Exec& exec, const T* M, index_t depth, index_t n, const RowO
 }
 
 /// out(id, k) -= coef(id) v[k] in place, rounded once to T, for the rows id = row_of(p), p in
-/// [0, n); coef nullptr stands for 1 (a rank-one update of a gradient).
+/// [0, n); coef nullptr stands for 1 (a rank-one update of a gradient). 16 bytes a thread where
+/// the rows allow: the pass is as long as the gradient (V x D for dC), and element-wise 2-byte
+/// accesses left it several times slower than the memory.
 template <class Exec, class T, class Acc, class RowOf>
 void subtract_outer(const Exec& exec, T* out, index_t depth, index_t n, const RowOf& row_of, const Acc* coef,
                     const Acc* v) {
   if (n == 0 || depth == 0) return;
+  using Pack = SixteenBytes<T>;
+  constexpr int W = Pack::COUNT;
+  const bool packed = depth % W == 0 && reinterpret_cast<std::uintptr_t>(out) % sizeof(Pack) == 0;
+  const index_t lanes = packed ? depth / W : depth;  // per row: packs of W values, or values
   Kokkos::parallel_for(
-      "tlse::subtract_outer", Kokkos::RangePolicy<Exec>(exec, 0, n * depth), KOKKOS_LAMBDA(index_t idx) {
-        const index_t id = row_of(idx / depth), k = idx % depth;
-        T& o = out[id * depth + k];
-        o = from_acc<T>(to_acc<Acc>(o) - (coef ? coef[id] : Acc(1)) * v[k]);
+      "tlse::subtract_outer", Kokkos::RangePolicy<Exec>(exec, 0, n * lanes), KOKKOS_LAMBDA(index_t idx) {
+        const index_t id = row_of(idx / lanes), lane = idx % lanes;
+        const Acc a = coef ? coef[id] : Acc(1);
+        if (packed) {
+          Pack& at = reinterpret_cast<Pack*>(out + id * depth)[lane];
+          Pack p = at;
+          for (int q = 0; q < W; ++q) p.v[q] = from_acc<T>(to_acc<Acc>(p.v[q]) - a * v[lane * W + q]);
+          at = p;
+        } else {
+          T& o = out[id * depth + lane];
+          o = from_acc<T>(to_acc<Acc>(o) - a * v[lane]);
+        }
       });
 }
 
