@@ -1,7 +1,8 @@
 """Checks spack/packages/tiled-lse/package.py without Spack (CI has none; docs/spack.md says how
 the recipe was run with a real Spack): a tiny stand-in for the `spack.package` API records the
-directives, then the test checks the variants, the dependencies (Kokkos backend, its wrapper and
-cuda_arch propagation), cmake_args and the run environment.
+directives, then the test checks the variants, the dependencies (Kokkos backend, its wrapper,
+cuda_arch propagation to Kokkos and NCCL, CUDA and CUTLASS of the Hopper kernels), the conflicts,
+cmake_args and the run environment.
 Run: python3 spack/test_recipe.py (ctest runs it)."""
 import importlib.util
 import os
@@ -21,6 +22,13 @@ def _directive(kind):
     return record
 
 
+class Prefix(str):
+    """An install prefix: prefix.bin.nvcc is '<prefix>/bin/nvcc', as with Spack's Prefix."""
+
+    def __getattr__(self, name):
+        return Prefix(self + "/" + name)
+
+
 class Spec:
     """`spec` with a set of satisfied constraints such as '+cuda' or 'cuda_arch=90'."""
 
@@ -34,7 +42,7 @@ class Spec:
         return self.satisfies(constraint)
 
     def __getitem__(self, name):
-        dep = types.SimpleNamespace(prefix="/opt/" + name, kokkos_cxx="/opt/kokkos/bin/nvcc_wrapper")
+        dep = types.SimpleNamespace(prefix=Prefix("/opt/" + name), kokkos_cxx="/opt/kokkos/bin/nvcc_wrapper")
         dep.command = types.SimpleNamespace(path="/opt/python/bin/python3")
         dep.package = types.SimpleNamespace(platlib="lib/python3.11/site-packages")
         return dep
@@ -43,6 +51,7 @@ class Spec:
 class CMakePackage:
     run_tests = False
     prefix = "/opt/tiled-lse"
+    compiler = types.SimpleNamespace(cxx="/usr/bin/g++-12")
 
     def __init__(self, spec):
         self.spec = spec
@@ -88,31 +97,61 @@ def load_recipe():
 
 def main():
     TiledLse = load_recipe()
-    assert {"openmp", "mpi", "nccl", "python"} <= set(recorded["variant"]), recorded["variant"]
+    assert {"openmp", "mpi", "nccl", "python", "hopper"} <= set(recorded["variant"]), recorded["variant"]
+    # On by default, and only where it can be built: the Hopper kernels are sm_90a code.
+    hopper = recorded["variant"]["hopper"]
+    assert hopper["default"] is True and hopper["when"] == "+cuda cuda_arch=90", hopper
     deps = {(args[0], kwargs.get("when")) for args, kwargs in recorded["depends_on"]}
     for arch in CudaPackage.cuda_arch_values:
         assert ("kokkos+cuda cuda_arch=%s" % arch, "+cuda cuda_arch=%s" % arch) in deps, arch
+        # Spack's NCCL refuses cuda_arch=none: it gets TiledLSE's architectures.
+        assert ("nccl cuda_arch=%s" % arch, "+nccl cuda_arch=%s" % arch) in deps, arch
+    assert not [d for d in deps if d[0] == "nccl"], "nccl without cuda_arch"
     for expected in [("kokkos@3.4:", None), ("kokkos+openmp", "+openmp"), ("kokkos+cuda_lambda", "+cuda"),
-                     ("kokkos+wrapper", "+cuda"), ("mpi", "+mpi"), ("nccl", "+nccl"), ("py-torch", "+python")]:
+                     ("kokkos+wrapper", "+cuda"), ("mpi", "+mpi"), ("py-torch", "+python"),
+                     ("cuda@12.4:", "+hopper"), ("cutlass@3.5: +cuda cuda_arch=90", "+hopper")]:
         assert expected in deps, expected
+    # CUTLASS is headers compiled into the library: a build dependency only.
+    cutlass = [kwargs for args, kwargs in recorded["depends_on"] if args[0].startswith("cutlass")]
+    assert cutlass == [{"when": "+hopper", "type": "build"}], cutlass
     conflicts = {(args[0], kwargs.get("when")) for args, kwargs in recorded["conflicts"]}
     assert ("+cuda", "cuda_arch=none") in conflicts and ("+nccl", "~cuda") in conflicts, conflicts
+    assert ("^cuda@:12.3", "+hopper") in conflicts, conflicts
+    for arch in CudaPackage.cuda_arch_values:
+        assert (("+hopper", "cuda_arch=%s" % arch) in conflicts) == (arch != "90"), (arch, conflicts)
+    # Not a checkout of CUTLASS's main branch, which a plain cutlass@3.5: would take in Spack 0.22.
+    assert {("^cutlass@main", "+hopper"), ("^cutlass@master", "+hopper")} <= conflicts, conflicts
+    old_cuda = [kwargs["msg"] for args, kwargs in recorded["conflicts"] if args[0] == "^cuda@:12.3"]
+    assert "12.4" in old_cuda[0] and "~hopper" in old_cuda[0], old_cuda
     assert TiledLse.git.startswith("file://"), TiledLse.git
     assert callable(getattr(TiledLse, "test_examples")) and TiledLse.test_requires_compiler
 
     host = TiledLse(Spec("+openmp")).cmake_args()
     assert "-DKokkos_ROOT=/opt/kokkos" in host and "-DTiledLSE_ENABLE_CUDA=OFF" in host, host
     assert not any(a.startswith("-DCMAKE_CXX_COMPILER") for a in host), host
+    hopper_options = ("-DTiledLSE_HOPPER_CUDA_COMPILER", "-DTiledLSE_HOPPER_HOST_COMPILER", "-DCUTLASS_INCLUDE_DIR")
+    assert "-DTiledLSE_ENABLE_HOPPER=OFF" in host and not any(a.startswith(hopper_options) for a in host), host
     cuda = TiledLse(Spec("+cuda", "cuda_arch=90", "+nccl", "+python")).cmake_args()
     for expected in ("-DTiledLSE_ENABLE_CUDA=ON", "-DTiledLSE_ENABLE_NCCL=ON", "-DTiledLSE_ENABLE_PYTHON=ON",
                      "-DCMAKE_CXX_COMPILER=/opt/kokkos/bin/nvcc_wrapper",
                      "-DTiledLSE_PYTHON_INSTALL_DIR=lib/python3.11/site-packages"):
         assert expected in cuda, (expected, cuda)
+    assert "-DTiledLSE_ENABLE_HOPPER=OFF" in cuda and not any(a.startswith(hopper_options) for a in cuda), cuda
+    # +hopper (the default for +cuda cuda_arch=90): the spec's nvcc, not Kokkos' wrapper, builds
+    # the kernels, with the spec's C++ compiler as host compiler and the CUTLASS headers.
+    hopper = TiledLse(Spec("+cuda", "cuda_arch=90", "+hopper")).cmake_args()
+    for expected in ("-DTiledLSE_ENABLE_CUDA=ON", "-DTiledLSE_ENABLE_HOPPER=ON",
+                     "-DCMAKE_CXX_COMPILER=/opt/kokkos/bin/nvcc_wrapper",
+                     "-DTiledLSE_HOPPER_CUDA_COMPILER=/opt/cuda/bin/nvcc",
+                     "-DTiledLSE_HOPPER_HOST_COMPILER=/usr/bin/g++-12",
+                     "-DCUTLASS_INCLUDE_DIR=/opt/cutlass/include"):
+        assert expected in hopper, (expected, hopper)
     environment = types.SimpleNamespace(values={})
     environment.set = lambda name, value: environment.values.__setitem__(name, value)
     TiledLse(Spec("+python")).setup_run_environment(environment)
     assert environment.values == {"TILEDLSE_LIBRARY": "/opt/tiled-lse/lib/libtiledlse_c.so"}, environment.values
-    print("spack recipe OK: %d variants, %d dependencies, cmake_args for host and +cuda cuda_arch=90"
+    print("spack recipe OK: %d variants, %d dependencies, cmake_args for host, +cuda cuda_arch=90 ~hopper "
+          "and +hopper"
           % (len(recorded["variant"]), len(recorded["depends_on"])))
 
 

@@ -33,8 +33,39 @@ class TiledLse(CMakePackage, CudaPackage):
         depends_on("kokkos+cuda cuda_arch={0}".format(arch), when="+cuda cuda_arch={0}".format(arch))
     conflicts("+cuda", when="cuda_arch=none", msg="give the GPU architecture, e.g. cuda_arch=90")
 
+    # The Hopper kernels (backends/cuda/hopper, cmake/hopper.cmake): their own library, compiled
+    # for sm_90a by the spec's nvcc with the CuTe/CUTLASS 3 headers, called by the Kokkos::Cuda
+    # specializations on H100/H200. Spack builds one CUDA per spec, so Kokkos and these kernels
+    # share it, and it has to be a CUDA that compiles CuTe's wgmma and TMA code (12.4 on).
+    variant("hopper", default=True, when="+cuda cuda_arch=90",
+            description="Hopper (sm_90a) kernels, built with CUTLASS/CuTe (needs CUDA 12.4 or newer)")
+    # cuda_arch is multi-valued: asked for +hopper with another architecture, the concretizer
+    # would add 90 and then fail on Kokkos' single architecture, with no word of the reason.
+    for arch in CudaPackage.cuda_arch_values:
+        if arch != "90":
+            conflicts("+hopper", when="cuda_arch={0}".format(arch),
+                      msg="the Hopper kernels are sm_90a code: +hopper needs cuda_arch=90 alone; "
+                          "use ~hopper for other GPUs")
+    depends_on("cuda@12.4:", when="+hopper")
+    conflicts("^cuda@:12.3", when="+hopper",
+              msg="the Hopper kernels need CUDA 12.4 or newer: use a newer cuda, or ~hopper to build "
+                  "only the generic CUDA kernels with this one")
+    # Headers only (the folder of cute/tensor.hpp; cmake/hopper.cmake asks for CUTLASS 3.5 on),
+    # compiled into libtiledlse_hopper: nothing of CUTLASS is linked or installed. Spack's cutlass
+    # refuses cuda_arch=none, hence the arch.
+    depends_on("cutlass@3.5: +cuda cuda_arch=90", when="+hopper", type="build")
+    # Branch versions rank above every release in a range, so where Spack's cutlass recipe has no
+    # release from 3.5 on (Spack 0.22 stops at 3.4.1) the range would pick a checkout of CUTLASS's
+    # main branch, whatever it holds that day: a release is asked for instead.
+    for branch in ("main", "master"):
+        conflicts("^cutlass@" + branch, when="+hopper",
+                  msg="the Hopper kernels want a CUTLASS release, 3.5 or newer: declare one as an external "
+                      "(docs/spack.md) where Spack's cutlass recipe has none")
+
     depends_on("mpi", when="+mpi")
-    depends_on("nccl", when="+nccl")
+    # Spack's NCCL refuses cuda_arch=none: it is built for the GPUs TiledLSE is built for.
+    for arch in CudaPackage.cuda_arch_values:
+        depends_on("nccl cuda_arch={0}".format(arch), when="+nccl cuda_arch={0}".format(arch))
     conflicts("+nccl", when="~cuda", msg="NCCL needs +cuda")
 
     extends("python", when="+python")
@@ -52,11 +83,23 @@ class TiledLse(CMakePackage, CudaPackage):
             self.define_from_variant("TiledLSE_ENABLE_CUDA", "cuda"),
             self.define_from_variant("TiledLSE_ENABLE_MPI", "mpi"),
             self.define_from_variant("TiledLSE_ENABLE_NCCL", "nccl"),
+            # Not define_from_variant, which gives nothing where the variant does not exist (all
+            # but +cuda cuda_arch=90): OFF there too, rather than whatever a cache held.
+            self.define("TiledLSE_ENABLE_HOPPER", spec.satisfies("+hopper")),
             self.define_from_variant("TiledLSE_ENABLE_PYTHON", "python"),
         ]
         if spec.satisfies("+cuda"):
             # Kokkos' compiler wrapper (nvcc_wrapper) compiles the kernels, as for every Kokkos CUDA build.
             args.append(self.define("CMAKE_CXX_COMPILER", spec["kokkos"].kokkos_cxx))
+        if spec.satisfies("+hopper"):
+            # cmake/hopper.cmake builds the kernels as a project of their own with these: the spec's
+            # nvcc (not Kokkos' wrapper), the compiler of the spec as its host compiler, and the
+            # CUTLASS headers.
+            args.extend([
+                self.define("TiledLSE_HOPPER_CUDA_COMPILER", spec["cuda"].prefix.bin.nvcc),
+                self.define("TiledLSE_HOPPER_HOST_COMPILER", self.compiler.cxx),
+                self.define("CUTLASS_INCLUDE_DIR", spec["cutlass"].prefix.include),
+            ])
         if spec.satisfies("+python"):
             args.append(self.define("Python3_EXECUTABLE", spec["python"].command.path))
             # Where Spack puts extensions of this Python (python_platlib, set by python-venv) and
