@@ -9,7 +9,6 @@
 #include <tlse/impl/tile_problem.hpp>
 
 #include <algorithm>
-#include <cstdint>
 
 namespace tlse::impl {
 
@@ -41,7 +40,7 @@ void weighted_column_sums(const Exec& exec, const T* M, index_t rows, index_t de
   const ColumnSumPlan plan = ColumnSumPlan::make(exec, rows);
   using Pack = SixteenBytes<T>;
   constexpr int W = Pack::COUNT;
-  const bool packed = depth % W == 0 && reinterpret_cast<std::uintptr_t>(M) % sizeof(Pack) == 0;
+  const bool packed = Pack::fits(M, depth);
   const index_t lanes = packed ? depth / W : depth;  // columns (or packs of W columns) per row
   const index_t per_chunk = plan.rows_per_chunk;
   using Member = typename Kokkos::TeamPolicy<Exec>::member_type;
@@ -112,7 +111,7 @@ void row_dots(const Exec& exec, const T* M, index_t depth, index_t n, const RowO
   if (n == 0) return;
   using Pack = SixteenBytes<T>;
   constexpr int W = Pack::COUNT;
-  const bool packed = depth % W == 0 && reinterpret_cast<std::uintptr_t>(M) % sizeof(Pack) == 0;
+  const bool packed = Pack::fits(M, depth);
   const index_t steps = packed ? depth / W : depth;
   using Member = typename Kokkos::TeamPolicy<Exec>::member_type;
   Kokkos::parallel_for(
@@ -146,7 +145,7 @@ void subtract_outer(const Exec& exec, T* out, index_t depth, index_t n, const Ro
   if (n == 0 || depth == 0) return;
   using Pack = SixteenBytes<T>;
   constexpr int W = Pack::COUNT;
-  const bool packed = depth % W == 0 && reinterpret_cast<std::uintptr_t>(out) % sizeof(Pack) == 0;
+  const bool packed = Pack::fits(out, depth);
   const index_t lanes = packed ? depth / W : depth;  // per row: packs of W values, or values
   Kokkos::parallel_for(
       "tlse::subtract_outer", Kokkos::RangePolicy<Exec>(exec, 0, n * lanes), KOKKOS_LAMBDA(index_t idx) {

@@ -1,7 +1,6 @@
 #pragma once
 // Logits of single (row, column) pairs without the tile sweep: the "indexed matmul" of CCE for
 // the targets' logits and of the contrastive loss for the positives', one dot product per pair.
-#include <cstdint>
 #include <tlse/impl/sixteen_bytes.hpp>
 #include <tlse/impl/tile_problem.hpp>
 
@@ -18,8 +17,7 @@ void pair_logits(const Exec& exec, const TileProblem<T, Acc>& prob, index_t n, c
   // Each lane reads 16 bytes at a time where the rows allow it: one element per lane kept the
   // loads latency-bound on a GPU (docs/notes/2026-11-26.md, "The step on H100s, its clocks and
   // kernels"). On the host (one thread per team) the sum's order is the same either way.
-  const auto aligned = [](const T* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(Pack) == 0; };
-  const bool packed = prob.depth % Pack::COUNT == 0 && aligned(prob.rows.data) && aligned(prob.cols.data);
+  const bool packed = Pack::fits(prob.rows.data, prob.depth) && Pack::fits(prob.cols.data, prob.depth);
   const index_t steps = packed ? prob.depth / Pack::COUNT : prob.depth;
   using Member = typename Kokkos::TeamPolicy<Exec>::member_type;
   Kokkos::parallel_for(
