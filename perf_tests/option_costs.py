@@ -36,22 +36,26 @@ def median_times(calls, rounds=10, warmup=3):
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description):
+    """The shape, dtype and budget options this script and option_profile.py share."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--tokens", type=int, default=8192, metavar="N")
     parser.add_argument("--dim", type=int, default=4096, metavar="D")
     parser.add_argument("--vocab", type=int, default=128256, metavar="V")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
     parser.add_argument("--budget", type=int, default=256, metavar="MiB", help="memory_budget of every call")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures there")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    return parser
+
+
+def option_calls(args, device="cuda"):
+    """(step, forward, weight): step(**options) and forward(**options) make a call of
+    tiledlse.linear_cross_entropy with those options on the inputs ce_inputs draws (seed 0), the
+    training step (.backward()) or the forward alone; weight: class weights uniform in [0.5, 2]."""
     import tiledlse
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    e, c, t = ce_inputs(args.tokens, args.dim, args.vocab, DTYPES[args.dtype], "cuda", g)
-    weight = torch.rand(args.vocab, device="cuda", generator=g) * 1.5 + 0.5
+    g = torch.Generator(device=device).manual_seed(0)
+    e, c, t = ce_inputs(args.tokens, args.dim, args.vocab, DTYPES[args.dtype], device, g)
+    weight = torch.rand(args.vocab, device=device, generator=g) * 1.5 + 0.5
     e.requires_grad_(), c.requires_grad_()
     budget = args.budget << 20
 
@@ -66,6 +70,17 @@ def main():
             with torch.no_grad():
                 tiledlse.linear_cross_entropy(e, c, t, memory_budget=budget, **options)
         return run
+
+    return step, forward, weight
+
+
+def main():
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="FILE", help="also write the figures there")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    step, forward, weight = option_calls(args)
 
     steps = median_times({"plain": step(), "label_smoothing=0.1": step(label_smoothing=0.1),
                           "weight": step(weight=weight), "weight+label_smoothing": step(weight=weight,
