@@ -7,6 +7,9 @@
 #   TLSE_BACKEND=cuda scripts/bootstrap.sh   CUDA 11.8 from Debian non-free + Kokkos for CUDA (sm_90 code),
 #                                            and the Hopper kernels' toolchain (scripts/hopper_toolchain.sh)
 #   Kokkos_ROOT=/opt/kokkos scripts/bootstrap.sh   use an existing Kokkos (3.4 or newer) instead
+#   scripts/bootstrap.sh --prefix            only print the prefix this backend's Kokkos is (or would be)
+#                                            built into; installs and builds nothing. CMakeLists.txt asks
+#                                            this, so the cache's naming lives here alone.
 #
 # Environment: TLSE_CACHE (default ~/.cache/tiledlse), TLSE_SKIP_APT=1 to skip apt-get.
 set -euo pipefail
@@ -19,6 +22,7 @@ backend=${TLSE_BACKEND:-openmp}
 RECIPE=r2  # bump when the build flags below change, so cached builds are not reused
 prefix=$cache/kokkos-$KOKKOS_VERSION-$backend-$RECIPE
 log() { echo "[bootstrap] $*" >&2; }
+if [ "${1:-}" = --prefix ]; then echo "$prefix"; exit 0; fi
 
 debian_packages=(build-essential cmake ninja-build pkg-config xz-utils dpkg-dev
                  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin

@@ -58,7 +58,8 @@ def launch(name, t):
         raise ValueError("argument '%s' is on %s; tiledlse runs on cpu and cuda tensors" % (name, t.device))
     if not L.device_available(L.DEVICE_CUDA):
         raise ValueError(
-            "argument '%s' is on %s but %s was built without CUDA" % (name, t.device, L.library_path)
+            "argument '%s' is on %s but %s was built without CUDA; the CUDA build: scripts/wheel.sh --cuda, "
+            "then pip install build-cuda/wheel/tiledlse-*.whl (docs/python.md)" % (name, t.device, L.library_path)
         )
     ctx = L.context(t.device.index)
     device = L.context_cuda_device()
