@@ -6,6 +6,8 @@
 #   scripts/bootstrap.sh                     host backend (OpenMP + Serial); prints the Kokkos prefix last
 #   TLSE_BACKEND=cuda scripts/bootstrap.sh   CUDA 11.8 from Debian non-free + Kokkos for CUDA (sm_90 code),
 #                                            and the Hopper kernels' toolchain (scripts/hopper_toolchain.sh)
+#   TLSE_BACKEND=hip scripts/bootstrap.sh    ROCm 5.2 (hipcc) from Debian + Kokkos for HIP (Serial + HIP,
+#                                            gfx90a code); compiled only, no AMD GPU here (docs/gpu.md)
 #   Kokkos_ROOT=/opt/kokkos scripts/bootstrap.sh   use an existing Kokkos (3.4 or newer) instead
 #   scripts/bootstrap.sh --prefix            only print the prefix this backend's Kokkos is (or would be)
 #                                            built into; installs and builds nothing. CMakeLists.txt asks
@@ -115,7 +117,23 @@ WRAP
       flags+=(-DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_sm90" -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_CUDA_LAMBDA=ON
               -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_AMPERE80=ON -DCUDAToolkit_ROOT=/usr
               -DCUDAToolkit_INCLUDE_DIR=/usr/include -DCUDA_ROOT=/usr) ;;
-    *) log "unknown TLSE_BACKEND=$backend"; exit 2 ;;
+    hip)
+      # Kokkos 3.4 knows AMD GPUs up to gfx908 (MI100, Kokkos_ARCH_VEGA908) and nothing in it
+      # depends on which: configure for gfx908 and let a wrapper ask hipcc for gfx90a (MI210,
+      # MI250X) instead, as nvcc_sm90 does for CUDA. Debian has no rocThrust, which 3.4 never uses.
+      mkdir -p "$prefix/bin"
+      cat >"$prefix/bin/hipcc_gfx90a" <<'WRAP'
+#!/usr/bin/env bash
+args=()
+for a in "$@"; do args+=("${a//gfx908/gfx90a}"); done
+# hipcc asks rocm_agent_enumerator for the GPU of this machine when a command names no target
+# (a link): name it instead.
+HCC_AMDGPU_TARGET=gfx90a exec hipcc "${args[@]}"
+WRAP
+      chmod +x "$prefix/bin/hipcc_gfx90a"
+      flags+=(-DCMAKE_CXX_COMPILER="$prefix/bin/hipcc_gfx90a" -DKokkos_ENABLE_HIP=ON -DKokkos_ENABLE_SERIAL=ON
+              -DKokkos_ARCH_VEGA908=ON) ;;
+    *) log "unknown TLSE_BACKEND=$backend (openmp, cuda or hip)"; exit 2 ;;
   esac
   log "building Kokkos $KOKKOS_VERSION ($backend) into $prefix"
   cmake -S "$src/packages/kokkos" -B "$build/kokkos" "${flags[@]}" >"$build.log" 2>&1
@@ -156,6 +174,16 @@ if [ "$backend" = cuda ]; then
   # The image's CUDA 13 must not shadow 11.8's tools (its ptxas would be picked up).
   export PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/sbin:/usr/bin:/sbin:/bin
   export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
+fi
+if [ "$backend" = hip ]; then
+  # ROCm 5.2.3 in Debian 12 (main); hipcc is its clang 15 driver. Without an AMD GPU, hipcc
+  # --version prints a traceback from rocm_agent_enumerator (no /sys/class/kfd): harmless.
+  apt_install hipcc libamdhip64-dev rocm-device-libs
+  rocm=$(dpkg-query -W -f='${Version}' hipcc 2>/dev/null || echo none)
+  case $rocm in
+    5.2.*) ;;
+    *) log "hipcc is $rocm; the HIP build was checked with Debian 12's 5.2.3 (docs/gpu.md)" ;;
+  esac
 fi
 if [ -n "${Kokkos_ROOT:-}" ]; then
   log "using the given Kokkos_ROOT=$Kokkos_ROOT"

@@ -209,24 +209,28 @@ inline void expect_grad_close(const char* what, const std::vector<double>& got, 
 
 }  // namespace tlse::test
 
+/// The four scalar types on one execution space, as typed-test parameters.
+#define TLSE_TEST_SCALARS(Exec)                                                                                \
+  tlse::test::Config<Exec, float>, tlse::test::Config<Exec, double>, tlse::test::Config<Exec, tlse::bfloat16>, \
+      tlse::test::Config<Exec, tlse::float16>
+
+// A device build tests its device, where its kernels run; a host build every host backend its
+// Kokkos has. Which spaces exist depends on how Kokkos was configured, so each is named only where
+// enabled.
 #if defined(KOKKOS_ENABLE_CUDA)
-#define TLSE_TEST_CONFIGS                                                                                    \
-  ::testing::Types<tlse::test::Config<Kokkos::Cuda, float>, tlse::test::Config<Kokkos::Cuda, double>,       \
-                   tlse::test::Config<Kokkos::Cuda, tlse::bfloat16>, tlse::test::Config<Kokkos::Cuda, tlse::float16>>
-#elif defined(TLSE_TEST_OPENMP_ONLY)
+#define TLSE_TEST_CONFIGS ::testing::Types<TLSE_TEST_SCALARS(Kokkos::Cuda)>
+#elif defined(KOKKOS_ENABLE_HIP)
+// The HIP space is Kokkos::Experimental::HIP in Kokkos 3 and Kokkos::HIP in Kokkos 4; in a HIP
+// build it is the default execution space either way.
+#define TLSE_TEST_CONFIGS ::testing::Types<TLSE_TEST_SCALARS(Kokkos::DefaultExecutionSpace)>
+#elif defined(KOKKOS_ENABLE_OPENMP) && defined(TLSE_TEST_OPENMP_ONLY)
 // The sanitizer build (scripts/sanitize.sh) and the distributed test: Serial runs the same generic
 // kernels as OpenMP, and leaving it out halves their compile time.
-#define TLSE_TEST_CONFIGS                                                                                 \
-  ::testing::Types<tlse::test::Config<Kokkos::OpenMP, float>, tlse::test::Config<Kokkos::OpenMP, double>, \
-                   tlse::test::Config<Kokkos::OpenMP, tlse::bfloat16>,                                    \
-                   tlse::test::Config<Kokkos::OpenMP, tlse::float16>>
+#define TLSE_TEST_CONFIGS ::testing::Types<TLSE_TEST_SCALARS(Kokkos::OpenMP)>
+#elif defined(KOKKOS_ENABLE_OPENMP) && defined(KOKKOS_ENABLE_SERIAL)
+#define TLSE_TEST_CONFIGS ::testing::Types<TLSE_TEST_SCALARS(Kokkos::Serial), TLSE_TEST_SCALARS(Kokkos::OpenMP)>
 #else
-#define TLSE_TEST_CONFIGS                                                                                    \
-  ::testing::Types<tlse::test::Config<Kokkos::Serial, float>, tlse::test::Config<Kokkos::Serial, double>,   \
-                   tlse::test::Config<Kokkos::Serial, tlse::bfloat16>,                                        \
-                   tlse::test::Config<Kokkos::Serial, tlse::float16>, tlse::test::Config<Kokkos::OpenMP, float>, \
-                   tlse::test::Config<Kokkos::OpenMP, double>, tlse::test::Config<Kokkos::OpenMP, tlse::bfloat16>, \
-                   tlse::test::Config<Kokkos::OpenMP, tlse::float16>>
+#define TLSE_TEST_CONFIGS ::testing::Types<TLSE_TEST_SCALARS(Kokkos::DefaultHostExecutionSpace)>
 #endif
 
 /// Names typed-test instances "Serial_f32", "OpenMP_bf16", ...
