@@ -7,6 +7,7 @@ Run: python3 spack/test_recipe.py (ctest runs it)."""
 import importlib.util
 import os
 import sys
+import tempfile
 import types
 
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packages", "tiled-lse", "package.py")
@@ -32,8 +33,10 @@ class Prefix(str):
 class Spec:
     """`spec` with a set of satisfied constraints such as '+cuda' or 'cuda_arch=90'."""
 
-    def __init__(self, *constraints):
+    def __init__(self, *constraints, kokkos_prefix=None):
         self.constraints = set(constraints)
+        # An external Kokkos at this prefix (a folder holding its CMake config), else a Spack-built one.
+        self.kokkos_prefix = kokkos_prefix
 
     def satisfies(self, constraint):
         return all(c in self.constraints for c in constraint.split())
@@ -42,7 +45,11 @@ class Spec:
         return self.satisfies(constraint)
 
     def __getitem__(self, name):
-        dep = types.SimpleNamespace(prefix=Prefix("/opt/" + name), kokkos_cxx="/opt/kokkos/bin/nvcc_wrapper")
+        dep = types.SimpleNamespace(prefix=Prefix("/opt/" + name), kokkos_cxx="/opt/kokkos/bin/nvcc_wrapper",
+                                    external=False)
+        if name == "kokkos" and self.kokkos_prefix:
+            # Spack's kokkos package gives an external Kokkos the spec's C++ compiler as kokkos_cxx.
+            dep.prefix, dep.external, dep.kokkos_cxx = Prefix(self.kokkos_prefix), True, "/spack/env/c++"
         dep.command = types.SimpleNamespace(path="/opt/python/bin/python3")
         dep.package = types.SimpleNamespace(platlib="lib/python3.11/site-packages")
         return dep
@@ -80,6 +87,10 @@ def build_stub():
         setattr(package, name, lambda *a, **k: None)
     # Spack sets python_platlib in an extension's module (python-venv's setup_dependent_package).
     package.python_platlib = CMakePackage.prefix + "/lib/python3.11/site-packages"
+    package.find = lambda root, name: [os.path.join(d, name) for d, _, files in os.walk(root) if name in files]
+    package.InstallError = type("InstallError", (Exception,), {})
+    package.SkipTest = type("SkipTest", (Exception,), {})
+    package.test_part = None
     package.find_libraries = lambda name, root, recursive=False: [root + "/lib/" + name + ".so"]
     package.__all__ = [n for n in vars(package) if not n.startswith("_")]
     spack = types.ModuleType("spack")
@@ -97,7 +108,9 @@ def load_recipe():
 
 def main():
     TiledLse = load_recipe()
-    assert {"openmp", "mpi", "nccl", "python", "hopper"} <= set(recorded["variant"]), recorded["variant"]
+    assert {"openmp", "mpi", "nccl", "python", "hopper", "apps"} <= set(recorded["variant"]), recorded["variant"]
+    # tlse needs Kokkos Kernels, which the library does not: a variant, off by default.
+    assert recorded["variant"]["apps"]["default"] is False, recorded["variant"]["apps"]
     # On by default, and only where it can be built: the Hopper kernels are sm_90a code.
     hopper = recorded["variant"]["hopper"]
     assert hopper["default"] is True and hopper["when"] == "+cuda cuda_arch=90", hopper
@@ -109,7 +122,8 @@ def main():
     assert not [d for d in deps if d[0] == "nccl"], "nccl without cuda_arch"
     for expected in [("kokkos@3.4:", None), ("kokkos+openmp", "+openmp"), ("kokkos+cuda_lambda", "+cuda"),
                      ("kokkos+wrapper", "+cuda"), ("mpi", "+mpi"), ("py-torch", "+python"),
-                     ("cuda@12.4:", "+hopper"), ("cutlass@3.5: +cuda cuda_arch=90", "+hopper")]:
+                     ("cuda@12.4:", "+hopper"), ("cutlass@3.5: +cuda cuda_arch=90", "+hopper"),
+                     ("kokkos-kernels@3.4:", "+apps")]:
         assert expected in deps, expected
     # CUTLASS is headers compiled into the library: a build dependency only.
     cutlass = [kwargs for args, kwargs in recorded["depends_on"] if args[0].startswith("cutlass")]
@@ -131,6 +145,8 @@ def main():
     assert not any(a.startswith("-DCMAKE_CXX_COMPILER") for a in host), host
     hopper_options = ("-DTiledLSE_HOPPER_CUDA_COMPILER", "-DTiledLSE_HOPPER_HOST_COMPILER", "-DCUTLASS_INCLUDE_DIR")
     assert "-DTiledLSE_ENABLE_HOPPER=OFF" in host and not any(a.startswith(hopper_options) for a in host), host
+    assert "-DTiledLSE_ENABLE_APPS=OFF" in host, host
+    assert "-DTiledLSE_ENABLE_APPS=ON" in TiledLse(Spec("+openmp", "+apps")).cmake_args()
     cuda = TiledLse(Spec("+cuda", "cuda_arch=90", "+nccl", "+python")).cmake_args()
     for expected in ("-DTiledLSE_ENABLE_CUDA=ON", "-DTiledLSE_ENABLE_NCCL=ON", "-DTiledLSE_ENABLE_PYTHON=ON",
                      "-DCMAKE_CXX_COMPILER=/opt/kokkos/bin/nvcc_wrapper",
@@ -146,12 +162,27 @@ def main():
                      "-DTiledLSE_HOPPER_HOST_COMPILER=/usr/bin/g++-12",
                      "-DCUTLASS_INCLUDE_DIR=/opt/cutlass/include"):
         assert expected in hopper, (expected, hopper)
+    # An external Kokkos (no kokkos-nvcc-wrapper node): the compiler its CMake config records, not
+    # the spec's plain C++ compiler that Spack's kokkos package hands out.
+    with tempfile.TemporaryDirectory() as prefix:
+        config = os.path.join(prefix, "lib", "cmake", "Kokkos")
+        os.makedirs(config)
+        with open(os.path.join(config, "KokkosConfigCommon.cmake"), "w") as f:
+            f.write('SET(Kokkos_CXX_COMPILER "%s/bin/nvcc_sm90")\n' % prefix)
+        external = TiledLse(Spec("+cuda", "cuda_arch=90", kokkos_prefix=prefix)).cmake_args()
+        assert "-DCMAKE_CXX_COMPILER=%s/bin/nvcc_sm90" % prefix in external, external
+        os.remove(os.path.join(config, "KokkosConfigCommon.cmake"))
+        try:
+            TiledLse(Spec("+cuda", "cuda_arch=90", kokkos_prefix=prefix)).cmake_args()
+            raise AssertionError("an external Kokkos without a recorded compiler was accepted")
+        except sys.modules["spack.package"].InstallError as error:
+            assert "Kokkos_CXX_COMPILER" in str(error) and prefix in str(error), error
     environment = types.SimpleNamespace(values={})
     environment.set = lambda name, value: environment.values.__setitem__(name, value)
     TiledLse(Spec("+python")).setup_run_environment(environment)
     assert environment.values == {"TILEDLSE_LIBRARY": "/opt/tiled-lse/lib/libtiledlse_c.so"}, environment.values
-    print("spack recipe OK: %d variants, %d dependencies, cmake_args for host, +cuda cuda_arch=90 ~hopper "
-          "and +hopper"
+    print("spack recipe OK: %d variants, %d dependencies, cmake_args for host, +apps, +cuda cuda_arch=90 ~hopper, "
+          "+hopper and an external Kokkos"
           % (len(recorded["variant"]), len(recorded["depends_on"])))
 
 

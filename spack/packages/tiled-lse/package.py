@@ -2,6 +2,7 @@
 # (docs/spack.md). It builds this checkout's git repository; a release tarball URL goes here
 # once there is one.
 import os
+import re
 
 from spack.package import *
 
@@ -19,6 +20,11 @@ class TiledLse(CMakePackage, CudaPackage):
     variant("mpi", default=False, description="MPI communicator of the distributed layer")
     variant("nccl", default=False, description="NCCL communicator of the distributed layer (needs +cuda)")
     variant("python", default=False, description="Install the PyTorch package tiledlse")
+    # Off by default: the tool's float64 reference and materialized baseline need Kokkos Kernels,
+    # which the library does not.
+    variant("apps", default=False,
+            description="Install the command-line tool tlse (apps/tlse), which checks the losses "
+                        "against a float64 reference on this machine's GPU or CPU (tlse ... --check)")
 
     depends_on("cmake@3.16:", type="build")
     depends_on("kokkos@3.4:")
@@ -62,6 +68,8 @@ class TiledLse(CMakePackage, CudaPackage):
                   msg="the Hopper kernels want a CUTLASS release, 3.5 or newer: declare one as an external "
                       "(docs/spack.md) where Spack's cutlass recipe has none")
 
+    # Built against the Kokkos of the spec (kokkos-kernels@X depends on kokkos@X).
+    depends_on("kokkos-kernels@3.4:", when="+apps")
     depends_on("mpi", when="+mpi")
     # Spack's NCCL refuses cuda_arch=none: it is built for the GPUs TiledLSE is built for.
     for arch in CudaPackage.cuda_arch_values:
@@ -87,10 +95,11 @@ class TiledLse(CMakePackage, CudaPackage):
             # but +cuda cuda_arch=90): OFF there too, rather than whatever a cache held.
             self.define("TiledLSE_ENABLE_HOPPER", spec.satisfies("+hopper")),
             self.define_from_variant("TiledLSE_ENABLE_PYTHON", "python"),
+            self.define_from_variant("TiledLSE_ENABLE_APPS", "apps"),
         ]
         if spec.satisfies("+cuda"):
             # Kokkos' compiler wrapper (nvcc_wrapper) compiles the kernels, as for every Kokkos CUDA build.
-            args.append(self.define("CMAKE_CXX_COMPILER", spec["kokkos"].kokkos_cxx))
+            args.append(self.define("CMAKE_CXX_COMPILER", self.kokkos_cxx()))
         if spec.satisfies("+hopper"):
             # cmake/hopper.cmake builds the kernels as a project of their own with these: the spec's
             # nvcc (not Kokkos' wrapper), the compiler of the spec as its host compiler, and the
@@ -108,6 +117,23 @@ class TiledLse(CMakePackage, CudaPackage):
             args.append(self.define("TiledLSE_PYTHON_INSTALL_DIR", os.path.relpath(python_platlib, self.prefix)))
         return args
 
+    def kokkos_cxx(self):
+        """The C++ compiler of a CUDA build: the one Kokkos was built with."""
+        kokkos = self.spec["kokkos"]
+        if not kokkos.external:
+            return kokkos.kokkos_cxx
+        # An external Kokkos has no kokkos-nvcc-wrapper node, and Spack's kokkos package then
+        # gives the spec's plain C++ compiler, which cannot compile CUDA. The installation records
+        # its compiler (nvcc_wrapper, or a site's wrapper around it) in its CMake config, and
+        # Kokkos' own config redirects to it: so does this recipe, explicitly.
+        for config in find(kokkos.prefix, "KokkosConfigCommon.cmake"):
+            with open(config) as f:
+                recorded = re.search(r'SET\(Kokkos_CXX_COMPILER "([^"]+)"\)', f.read())
+            if recorded:
+                return recorded.group(1)
+        raise InstallError("no Kokkos_CXX_COMPILER in KokkosConfigCommon.cmake under the external "
+                           "Kokkos prefix {0}: is it a Kokkos 3.4+ CMake installation?".format(kokkos.prefix))
+
     def setup_run_environment(self, env):
         """The installed Python package finds the library through TILEDLSE_LIBRARY."""
         libs = find_libraries("libtiledlse_c", self.prefix, recursive=True)
@@ -124,15 +150,33 @@ class TiledLse(CMakePackage, CudaPackage):
         cache_extra_test_sources(self, [self.examples_src_dir])
 
     def test_examples(self):
-        """builds examples/ (C++, C, Fortran if available) against the installed package and runs them"""
+        """builds examples/ (C++, C, Fortran if available) against the installed package, then runs them (test_run_examples)"""
         source = join_path(self.test_suite.current_test_cache_dir, self.examples_src_dir)
         cmake = which(self.spec["cmake"].prefix.bin.cmake)
         ctest = which(self.spec["cmake"].prefix.bin.ctest)
         # The compiler TiledLSE was built with: Kokkos' wrapper for CUDA, else the spec's C++ compiler.
-        cxx = self.spec["kokkos"].kokkos_cxx if self.spec.satisfies("+cuda") else self.compiler.cxx
+        cxx = self.kokkos_cxx() if self.spec.satisfies("+cuda") else self.compiler.cxx
         with working_dir("build-examples", create=True):
             cmake(source, self.define("CMAKE_PREFIX_PATH", self.prefix),
                   self.define("Kokkos_ROOT", self.spec["kokkos"].prefix),
                   self.define("CMAKE_CXX_COMPILER", cxx))
             cmake("--build", ".")
+            build_dir = os.getcwd()
+        # A +cuda build's examples initialize Kokkos::Cuda and abort without a GPU: there, building
+        # them is the whole test, and the run is reported as skipped, not as passed. (Not named
+        # test_examples_*: Spack would give the build part the run's status.)
+        with test_part(self, "test_run_examples", purpose="runs the examples built above",
+                       work_dir=build_dir):
+            if self.spec.satisfies("+cuda") and not self.gpu_visible():
+                raise SkipTest("a +cuda build's examples need a GPU and `nvidia-smi -L` lists none here; "
+                               "they are built in {0}: run ctest there on a GPU machine".format(build_dir))
             ctest("--output-on-failure")
+
+    @staticmethod
+    def gpu_visible():
+        """Whether `nvidia-smi -L` lists an NVIDIA GPU (no nvidia-smi: none)."""
+        nvidia_smi = which("nvidia-smi")
+        if not nvidia_smi:
+            return False
+        listing = nvidia_smi("-L", output=str, error=str, fail_on_error=False)
+        return nvidia_smi.returncode == 0 and "GPU " in listing
