@@ -485,4 +485,35 @@ TEST(HopperKeptColumnsPlan, NoneWhereLittleWouldBeKeptOrNothingFits) {
   EXPECT_FALSE(KeptColumnsPlan::make(0, 10, 8, 256 * MiB, H200_SMS).fits);
 }
 
+// Chunks of rows or kept columns, where a budget holds both (kept_columns_first): one chunk of
+// every row always; several only where their fp32 accumulator of dC costs less than what the
+// kept columns recompute.
+using tlse::impl::cuda::kept_columns_first;
+
+TEST(HopperStepPlanChoice, SeveralChunksOnlyWhereTheirAccumulatorCostsLess) {
+  // N=8192 D=2304 V=256000 in 4 GiB: 3 chunks would read and write 2.2 GiB of accumulator each;
+  // the kept columns recompute 3% of the columns.
+  const StepPlan three = StepPlan::make(8192, 256000, 2304, 4 * GiB, H200_SMS);
+  const KeptColumnsPlan most = KeptColumnsPlan::make(8192, 256000, 2304, 4 * GiB, H200_SMS);
+  ASSERT_TRUE(three.fits && most.fits);
+  EXPECT_EQ(three.chunks(), 3);
+  EXPECT_GT(most.kept * 30, most.cols * 29);  // all but 3.2%
+  EXPECT_TRUE(kept_columns_first(three, most));
+  // In 6 GiB one chunk holds every row: no accumulator.
+  const StepPlan one = StepPlan::make(8192, 256000, 2304, 6 * GiB, H200_SMS);
+  ASSERT_EQ(one.chunks(), 1);
+  EXPECT_FALSE(kept_columns_first(one, KeptColumnsPlan::make(8192, 256000, 2304, 6 * GiB, H200_SMS)));
+  // N=16384 D=4096 V=32000 in 1 GiB: a small accumulator over 3 chunks against a quarter of the
+  // columns recomputed.
+  const StepPlan small_acc = StepPlan::make(16384, 32000, 4096, GiB, H200_SMS);
+  const KeptColumnsPlan quarter = KeptColumnsPlan::make(16384, 32000, 4096, GiB, H200_SMS);
+  ASSERT_TRUE(small_acc.fits && quarter.fits);
+  EXPECT_EQ(small_acc.chunks(), 3);
+  EXPECT_FALSE(kept_columns_first(small_acc, quarter));
+  // Where one of them does not fit, the other.
+  EXPECT_TRUE(kept_columns_first(StepPlan{}, most));
+  EXPECT_FALSE(kept_columns_first(three, KeptColumnsPlan{}));
+  EXPECT_FALSE(kept_columns_first(StepPlan{}, KeptColumnsPlan{}));
+}
+
 }  // namespace

@@ -14,10 +14,11 @@
 //   3. dA_chunk = G B = diag(c) (E' B) (tlse_hop_product, c its row scale): complete, written to
 //      the chunk's gradient rows;
 //   4. dB (+)= G^T A_chunk = E'^T A': written, or summed over the chunks in an fp32 accumulator.
-// Under a budget that holds no chunk, the same kernels keep the exponentials of a part of the
-// columns in the caller's dB, and past it in the workspace, instead (run_kept_columns). Fixed
-// order, fixed-order sums, no atomics: bitwise reproducible. No gradient filtering (every entry of
-// G is computed anyway) and the columns in their stored order.
+// Under a budget that holds no chunk, or only several chunks whose accumulator costs more than
+// recomputing a part of the columns (kept_columns_first), the same kernels keep the exponentials
+// of a part of the columns in the caller's dB, and past it in the workspace, instead
+// (run_kept_columns). Fixed order, fixed-order sums, no atomics: bitwise reproducible. No
+// gradient filtering (every entry of G is computed anyway) and the columns in their stored order.
 // fp16, as in the fused backward (hopper/backward.hpp): entries like p / N fall below its range,
 // so G, or A' where G = diag(c) E', is stored times one power of two for the chunk (half of
 // row_scale_for of the rows' term bounds, from their LSEs: row_bound_kernel, step_factor_kernel),
@@ -41,17 +42,18 @@ struct LseStepHopper {
   static constexpr bool scaled = LseBackwardHopper::scaled<T>;
 
   /// The workspace of the step for a shape, 0 when the step does not take it (takes<T>; depth a
-  /// multiple of 8): chunks of rows (StepPlan) when the budget holds one, else, for a call that
-  /// does not add into its gradients, the kept columns (KeptColumnsPlan).
+  /// multiple of 8): chunks of rows (StepPlan) or, for a call that does not add into its
+  /// gradients, the kept columns (KeptColumnsPlan), as kept_columns_first chooses.
   template <class T>
   static std::size_t scratch_bytes(int device, const BackwardShape& s) {
     if (!takes<T> || s.depth % 8 != 0) return 0;
     const int sms = multiprocessors(device);
     const StepPlan chunks = StepPlan::make(s.rows, s.cols, s.depth, s.memory_budget, sms);
-    if (chunks.fits) return chunks.bytes;
-    if (s.accumulate) return 0;
-    const KeptColumnsPlan kept = KeptColumnsPlan::make(s.rows, s.cols, s.depth, s.memory_budget, sms);
-    return kept.fits ? kept.bytes : 0;
+    if (chunks.fits && chunks.chunks() == 1) return chunks.bytes;
+    const KeptColumnsPlan kept =
+        s.accumulate ? KeptColumnsPlan{} : KeptColumnsPlan::make(s.rows, s.cols, s.depth, s.memory_budget, sms);
+    if (kept_columns_first(chunks, kept)) return kept.bytes;
+    return chunks.fits ? chunks.bytes : 0;
   }
 
   /// Runs the step on `stream`; false when it does not qualify (the forward and backward then run).
@@ -64,9 +66,10 @@ struct LseStepHopper {
         reinterpret_cast<std::uintptr_t>(prob.rows.data) % 16 != 0 ||
         reinterpret_cast<std::uintptr_t>(prob.cols.data) % 16 != 0)
       return false;
-    const StepPlan plan = StepPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
-    if (plan.fits) return run_chunks(stream, plan, r);
-    return run_kept_columns(stream, device, r);
+    const StepPlan chunks = StepPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
+    if (chunks.fits && chunks.chunks() == 1) return run_chunks(stream, chunks, r);
+    if (run_kept_columns(stream, device, r, chunks)) return true;
+    return chunks.fits && run_chunks(stream, chunks, r);
   }
 
  private:
@@ -143,11 +146,12 @@ struct LseStepHopper {
     return true;
   }
 
-  /// Under a budget that holds no chunk of rows (KeptColumnsPlan): dA and dB wanted and written,
-  /// not added into, since their storage holds A' and the kept exponentials until their values go
-  /// there. Every stored row is swept (the exponentials' rows are A's, as dA's storage holds
-  /// them); where some are not scored (a row index) those have no target and weigh nothing (g = c
-  /// = 0: their rows of G, A' and dA are 0), and the target logits go by row:
+  /// Under a budget that holds no chunk of rows, or several that cost more (kept_columns_first;
+  /// it declines otherwise, and where its plan does not fit), the kept columns (KeptColumnsPlan):
+  /// dA and dB wanted and written, not added into, since their storage holds A' and the kept
+  /// exponentials until their values go there. Every stored row is swept (the exponentials' rows are A's, as dA's
+  /// storage holds them); where some are not scored (a row index) those have no target and weigh nothing (g = c = 0:
+  /// their rows of G, A' and dA are 0), and the target logits go by row:
   ///   1. the forward over every column, keeping the exponentials of the first `kept` columns in
   ///      panels in dB's storage, each past dB's rows of the panels up to its own, and those past
   ///      what dB's storage holds in the workspace's tail;
@@ -160,7 +164,8 @@ struct LseStepHopper {
   ///      of the exponentials', dB's rows past `kept` do, no longer read), adding into acc; then
   ///      dA = acc.
   template <class T>
-  static bool run_kept_columns(cudaStream_t stream, int device, const StepRequest<T, float>& r) {
+  static bool run_kept_columns(cudaStream_t stream, int device, const StepRequest<T, float>& r,
+                               const StepPlan& chunks) {
     const TileProblem<T, float>& prob = r.prob;
     const index_t V = prob.cols.count, D = prob.depth;
     tlse_hop_side row_side{};  // every stored row; outputs by position
@@ -170,7 +175,7 @@ struct LseStepHopper {
       return false;
     const index_t R = row_side.count;
     const KeptColumnsPlan plan = KeptColumnsPlan::make(R, V, D, r.scratch_bytes, multiprocessors(device));
-    if (!plan.fits) return false;
+    if (!kept_columns_first(chunks, plan)) return false;
     WorkspaceCarver carver(aligned_base(r.scratch));
     const KeptColumnsPlan::Buffers buf = plan.carve(carver);
     void* const tail = plan.tail_panels() > 0 ? buf.tail : nullptr;  // the panels past dB's storage

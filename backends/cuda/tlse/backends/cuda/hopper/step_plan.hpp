@@ -3,13 +3,13 @@
 // gradients in one call) cuts a problem under a memory budget. It takes 3 products where a
 // forward followed by the fused backward takes 4: per chunk of rows, the forward keeps the
 // chunk's exponentials (exp(x - s) in the input type, bf16 or fp16, chunk x V, s a shift per row
-// or part of a tile) instead
-// of having the backward recompute them; once the rows' LSEs are known, G is their row-scaled
-// multiple (with a softcap, a pass turns them into G in place), then dA_chunk = G B is complete
-// (every column is in the chunk) and dB (+)= G^T A_chunk. dB goes to an fp32 accumulator (cols x depth)
-// summed over the chunks in order, unless one chunk holds every row. Under a budget that holds no
-// chunk, KeptColumnsPlan keeps a part of the columns instead (below). Host arithmetic only, so
-// that the host suite checks it.
+// or part of a tile) instead of having the backward recompute them; once the rows' LSEs are
+// known, G is their row-scaled multiple (with a softcap, a pass turns them into G in place), then
+// dA_chunk = G B is complete (every column is in the chunk) and dB (+)= G^T A_chunk. dB goes to an
+// fp32 accumulator (cols x depth) summed over the chunks in order, unless one chunk holds every
+// row. Under a budget that holds no chunk, or several whose accumulator costs more than the
+// recomputation they save (kept_columns_first), KeptColumnsPlan keeps a part of the columns
+// instead (below). Host arithmetic only, so that the host suite checks it.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -276,5 +276,27 @@ struct KeptColumnsPlan {
     return p;
   }
 };
+
+/// Whether the step takes the kept columns (`kept`) rather than chunks of rows (`chunks`), both
+/// planned for the same budget: where only one fits, that one; one chunk of every row, which has
+/// no accumulator, whenever it fits; several chunks only where their accumulator costs less than
+/// what the kept columns recompute. Several chunks read and write dB's fp32 accumulator once per
+/// chunk ((2 chunks - 1) x cols x depth x 4 bytes: the first only writes), while the kept columns
+/// recompute the columns past `kept` (a fourth product over rows x (cols - kept) x depth) and pay
+/// PANEL_COST_COLS per kept panel. Without this a budget that holds a few chunks ran slower than
+/// a smaller one that holds only the kept columns (docs/notes/2026-12-06-budgets.md).
+inline bool kept_columns_first(const StepPlan& chunks, const KeptColumnsPlan& kept) {
+  if (!kept.fits) return false;
+  if (!chunks.fits) return true;
+  if (chunks.chunks() <= 1) return false;
+  // Flops of the tensor cores per byte of HBM in the same time: about 750 TFLOP/s of bf16
+  // products against 3.35 TB/s on an H100 (220), 4.8 TB/s on an H200 (155).
+  constexpr double FLOPS_PER_HBM_BYTE = 200;
+  const double accumulator =
+      FLOPS_PER_HBM_BYTE * double(2 * chunks.chunks() - 1) * 4.0 * double(chunks.cols) * double(chunks.depth);
+  const double recomputed_cols = double(kept.cols - kept.kept + kept.kept_panels() * KeptColumnsPlan::PANEL_COST_COLS);
+  const double recomputation = 2.0 * double(kept.rows) * double(kept.depth) * recomputed_cols;
+  return recomputation < accumulator;
+}
 
 }  // namespace tlse::impl::cuda
