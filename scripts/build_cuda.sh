@@ -12,6 +12,10 @@
 #                                          cicc -O0) and their host code at -O0, which leaves every
 #                                          error of the compilers' front ends and of the link; the
 #                                          Hopper library as always (its wgmma guard reads ptxas)
+#   Kokkos_ROOT=<prefix> scripts/build_cuda.sh   against another Kokkos for CUDA (4.x, built for
+#                                          Hopper90 with CUDA 11.8 and its nvcc_wrapper installed;
+#                                          docs/gpu.md, "Compatibility"), in build-cuda-kokkos<version>/
+#                                          (build-cuda-check-kokkos<version>/ with --compile-only)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 compile_only=false
@@ -24,23 +28,46 @@ export NVCC_WRAPPER_DEFAULT_COMPILER=g++-11
 unset LIBRARY_PATH CUDA_HOME
 build=$root/build-cuda
 $compile_only && build=$root/build-cuda-check
+bootstrap_kokkos=false
+[ -x "$kokkos/bin/nvcc_sm90" ] && bootstrap_kokkos=true
+if ! $bootstrap_kokkos; then
+  # Another Kokkos gets its own build folder, so the bootstrap's build stays as it is.
+  version=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$kokkos"/lib*/cmake/Kokkos/KokkosConfigVersion.cmake | head -n 1)
+  [ -n "$version" ] && [ -x "$kokkos/bin/nvcc_wrapper" ] || {
+    echo "[build_cuda] Kokkos_ROOT=$kokkos: not a Kokkos for CUDA (no lib*/cmake/Kokkos/KokkosConfigVersion.cmake or bin/nvcc_wrapper)" >&2
+    exit 2
+  }
+  build=$build-kokkos$version
+fi
 # A build configured against another Kokkos (an older cached recipe) cannot be reconfigured.
 [ "$(cat "$build/.kokkos-prefix" 2>/dev/null || echo "$kokkos")" = "$kokkos" ] || rm -rf "$build"
 mkdir -p "$build" && echo "$kokkos" >"$build/.kokkos-prefix"
 compiler=$kokkos/bin/nvcc_sm90
+if ! $bootstrap_kokkos; then
+  # That Kokkos names sm_90 itself; its nvcc_wrapper with 11.8's headers first (bootstrap.sh
+  # says why), in a folder of links made here.
+  mkdir -p "$build/cuda-11.8-include"
+  for f in /usr/local/include/*; do
+    [ -e "/usr/include/${f##*/}" ] && ln -sfn "/usr/include/${f##*/}" "$build/cuda-11.8-include/"
+  done
+  compiler=$build/nvcc_kokkos
+  printf '#!/usr/bin/env bash\nexec "%s" -I"%s" "$@"\n' "$kokkos/bin/nvcc_wrapper" "$build/cuda-11.8-include" >"$compiler"
+  chmod +x "$compiler"
+fi
 check=()
 if $compile_only; then
-  # Kokkos' flags ask for sm_80 (Kokkos 3.4 knows no Hopper), which nvcc_sm90 turns into sm_90;
-  # compute_90 instead embeds PTX and skips ptxas, and cicc -O0 skips NVVM's optimizer: with the
-  # host code at -O0, a test's compile takes a fraction of the time (docs/notes/2026-11-28.md,
-  # "Test and build times on CI's two cores").
+  # Kokkos' flags ask for sm_80 (Kokkos 3.4 knows no Hopper), which nvcc_sm90 turns into sm_90,
+  # or sm_90 (Kokkos 4); compute_90 instead embeds PTX and skips ptxas, and cicc -O0 skips NVVM's
+  # optimizer: with the host code at -O0, a test's compile takes a fraction of the time
+  # (docs/notes/2026-11-28.md, "Test and build times on CI's two cores").
+  nvcc=$compiler
   compiler=$build/nvcc_ptx
   cat >"$compiler" <<EOF
 #!/usr/bin/env bash
-# scripts/build_cuda.sh --compile-only: nvcc_sm90 with device code to PTX only, unoptimized.
+# scripts/build_cuda.sh --compile-only: ${nvcc##*/} with device code to PTX only, unoptimized.
 args=()
-for a in "\$@"; do args+=("\${a//sm_80/compute_90}"); done
-NVCC_APPEND_FLAGS="\${NVCC_APPEND_FLAGS:+\$NVCC_APPEND_FLAGS }-Xcicc -O0" exec "$kokkos/bin/nvcc_sm90" "\${args[@]}"
+for a in "\$@"; do a=\${a//sm_80/compute_90}; args+=("\${a//sm_90/compute_90}"); done
+NVCC_APPEND_FLAGS="\${NVCC_APPEND_FLAGS:+\$NVCC_APPEND_FLAGS }-Xcicc -O0" exec "$nvcc" "\${args[@]}"
 EOF
   chmod +x "$compiler"
   check=(-DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG")

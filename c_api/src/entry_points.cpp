@@ -93,22 +93,18 @@ class CallLock {
   std::lock_guard<std::mutex> guard_;
 };
 
-/// Kokkos' OpenMP backend launches parallel work only from outside a parallel region, and Kokkos
-/// 3.x only from the thread that initialized Kokkos; launched from elsewhere, a reduction throws
-/// inside Kokkos where the exception cannot be caught, and the process aborts. Such a call fails here.
+/// Kokkos 3.x's OpenMP backend launches parallel work only from the thread that initialized Kokkos,
+/// outside a parallel region; launched from elsewhere, a reduction throws inside Kokkos where the
+/// exception cannot be caught, and the process aborts. Kokkos 4's takes any thread, and from
+/// inside a parallel region runs the work on the calling thread alone; the library refuses calls
+/// from inside a parallel region on both (kokkos_compat.hpp). Such a call fails here.
 void check_host_thread(const char* function) {
   if (tlse::impl::host_space_accepts_work()) return;
-#if KOKKOS_VERSION >= 40000
-  const std::string where = "it takes work only from outside any parallel region; call from outside one";
-#else
-  const std::string where =
-      "it accepts work only from the thread that initialized Kokkos (the thread of the first "
-      "tlse_context_create), outside any parallel region; call from that thread";
-#endif
   throw Error(TLSE_ERROR_UNSUPPORTED, std::string(function) +
                                           ": argument 'device' is TLSE_DEVICE_HOST but this thread cannot launch work "
                                           "on Kokkos' host execution space (" +
-                                          Kokkos::DefaultHostExecutionSpace::name() + "): " + where);
+                                          Kokkos::DefaultHostExecutionSpace::name() + "): " +
+                                          tlse::impl::host_space_work_rule());
 }
 
 /// The largest size (n, v, d, b, c): the kernels index rows, classes and features with 32-bit
@@ -334,20 +330,6 @@ tlse::ContrastiveOptions convert(const char* function, const tlse_contrastive_op
   r.workspace = {o.workspace, o.workspace_bytes};
   r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
   return r;
-}
-
-void initialize_kokkos(int cuda_device) {
-#if KOKKOS_VERSION >= 30700
-  Kokkos::InitializationSettings settings;
-  settings.set_disable_warnings(true);  // e.g. OMP_PROC_BIND: the host program's business, not the library's
-  if (cuda_device >= 0) settings.set_device_id(cuda_device);
-  Kokkos::initialize(settings);
-#else
-  Kokkos::InitArguments args;
-  args.disable_warnings = true;
-  args.device_id = cuda_device;
-  Kokkos::initialize(args);
-#endif
 }
 
 /// A CUDA build initializes Kokkos::Cuda, which on a machine without a usable GPU throws a
@@ -740,7 +722,7 @@ tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
                       "cannot be initialized again in this process; keep one context alive instead");
     if (!Kokkos::is_initialized()) {
       require_cuda_device(fn, cuda_device);
-      initialize_kokkos(cuda_device);
+      tlse::impl::initialize_kokkos(cuda_device);
       initialized_here = true;
       std::atexit(finalize_at_exit);
     } else if (cuda_device >= 0 && kokkos_cuda_device() >= 0 && kokkos_cuda_device() != cuda_device) {

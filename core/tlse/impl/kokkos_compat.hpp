@@ -60,4 +60,31 @@ inline bool host_space_accepts_work() {
   return true;
 }
 
+/// What host_space_accepts_work() asks of the calling thread, for the message of a refused call.
+inline const char* host_space_work_rule() {
+#if KOKKOS_VERSION >= 40000
+  return "it takes work only from outside any parallel region; call from outside one";
+#else
+  return "it accepts work only from the thread that initialized Kokkos (the thread of the first "
+         "tlse_context_create), outside any parallel region; call from that thread";
+#endif
+}
+
+/// Initializes Kokkos without its warnings (e.g. OMP_PROC_BIND: the host program's business, not
+/// a library's) on CUDA device `cuda_device` (-1: Kokkos' default). Kokkos 3.7 replaced
+/// InitArguments with InitializationSettings.
+inline void initialize_kokkos(int cuda_device) {
+#if KOKKOS_VERSION >= 30700
+  Kokkos::InitializationSettings settings;
+  settings.set_disable_warnings(true);
+  if (cuda_device >= 0) settings.set_device_id(cuda_device);
+  Kokkos::initialize(settings);
+#else
+  Kokkos::InitArguments args;
+  args.disable_warnings = true;
+  args.device_id = cuda_device;
+  Kokkos::initialize(args);
+#endif
+}
+
 }  // namespace tlse::impl
