@@ -6,11 +6,10 @@ step, gemm_rate.py --step, in the same device call).
     plot_budget.py [--out docs/img/step_budget.png] SWEEP...
 
 Each SWEEP is the output of a device call with one build: gemm_rate.py --step (JSON lines; the
-limit is the last one read) and tiledlse_step.py (lines "LABEL bf16 N=.. D=.. V=.. budget=.. MiB:
-median .. ms ..") for the budgets, in any order and any number of times. Each point is the least
-of the medians of its budget (a median of 10 steps after 3 warm-ups each): the median of a case
-that runs fourth in its process can be 10-20% high on the same plan, so the sweeps should run
-the budgets in more than one order (docs/notes/2026-12-06-budgets.md).
+limit is the last one read) and lines "LABEL bf16 N=.. D=.. V=.. budget=.. MiB: median .. ms .."
+from budget_sweep.py (one per budget: the median over interleaved rounds on a warm card, what
+docs/img/step_budget.png shows) or tiledlse_step.py. Where a budget has several lines the least
+is drawn.
 """
 import argparse
 import json
