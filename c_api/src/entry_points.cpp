@@ -103,8 +103,8 @@ void check_host_thread(const char* function) {
   throw Error(TLSE_ERROR_UNSUPPORTED, std::string(function) +
                                           ": argument 'device' is TLSE_DEVICE_HOST but this thread cannot launch work "
                                           "on Kokkos' host execution space (" +
-                                          Kokkos::DefaultHostExecutionSpace::name() + "): " +
-                                          tlse::impl::host_space_work_rule());
+                                          Kokkos::DefaultHostExecutionSpace::name() +
+                                          "): " + tlse::impl::host_space_work_rule());
 }
 
 /// The largest size (n, v, d, b, c): the kernels index rows, classes and features with 32-bit
