@@ -10,6 +10,7 @@
 // Prints one JSON line (rank 0): median over iterations of the slowest rank's step time (and for
 // the contrastive loss the slowest rank's exposed communication and bytes sent per rank).
 #include <tlse/distributed.hpp>
+#include <tlse_bench/hashed_normal.hpp>
 
 #include <mpi.h>
 
@@ -23,6 +24,8 @@
 
 namespace {
 
+using tlse::perf::hashed_normal;
+
 struct Setup {
   long B, c;
   int iterations;
@@ -30,20 +33,6 @@ struct Setup {
   std::size_t memory_budget = tlse::memory_budget_default;
   long V = 0;  // > 0: the vocabulary-parallel cross-entropy with N = B tokens, D = c, V classes
 };
-
-/// A hash of a global element index to roughly N(0, 1): the same global data whatever the number
-/// of ranks.
-KOKKOS_INLINE_FUNCTION float hashed_normal(unsigned long g) {
-  auto u = [](unsigned long x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdUL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53UL;
-    x ^= x >> 33;
-    return float(x >> 40) / float(1 << 24);
-  };
-  return (u(4 * g) + u(4 * g + 1) + u(4 * g + 2) + u(4 * g + 3) - 2.0f) * 1.7320508f;
-}
 
 /// Median over iterations of the slowest rank's forward + backward time, in ms.
 template <class Exec, class Step>

@@ -3,6 +3,7 @@
 //   forward_timing <N> <D> <V> [bf16|f16] [iterations]
 // Prints one JSON line: median milliseconds (fenced, after one warm-up) and TFLOP/s (2 N V D).
 #include <tlse/tlse.hpp>
+#include <tlse_bench/hashed_normal.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -19,21 +20,13 @@ int run(long N, long D, long V, int iterations, const char* dtype) {
   Kokkos::View<long*, Mem> targets("t", N);
   Kokkos::View<float*, Mem> loss("loss", 1);
   const float c_std = 4.0f / std::sqrt(float(D));
-  Kokkos::parallel_for("init", Kokkos::RangePolicy<Exec>(0, std::max(N, V) * D), KOKKOS_LAMBDA(long i) {
-    // A cheap hash to N(0,1)-like values (sum of 4 uniforms), deterministic.
-    auto u = [](unsigned long x) {
-      x ^= x >> 33;
-      x *= 0xff51afd7ed558ccdUL;
-      x ^= x >> 33;
-      x *= 0xc4ceb9fe1a85ec53UL;
-      x ^= x >> 33;
-      return float(x >> 40) / float(1 << 24);
-    };
-    const float g = (u(4 * i) + u(4 * i + 1) + u(4 * i + 2) + u(4 * i + 3) - 2.0f) * 1.7320508f;
-    if (i < N * D) E.data()[i] = T(g);
-    if (i < V * D) C.data()[(i * 7919) % (V * D)] = T(g * c_std);  // scattered: C is not E's twin
-    if (i < N) targets(i) = long((i * 2654435761UL) % V);
-  });
+  Kokkos::parallel_for(
+      "init", Kokkos::RangePolicy<Exec>(0, std::max(N, V) * D), KOKKOS_LAMBDA(long i) {
+        const float g = tlse::perf::hashed_normal((unsigned long)i);
+        if (i < N * D) E.data()[i] = T(g);
+        if (i < V * D) C.data()[(i * 7919) % (V * D)] = T(g * c_std);  // scattered: C is not E's twin
+        if (i < N) targets(i) = long((i * 2654435761UL) % V);
+      });
   Exec exec;
   std::vector<double> ms;
   for (int it = 0; it <= iterations; ++it) {
