@@ -19,26 +19,12 @@ import time
 import torch
 
 from ce_inputs import ce_inputs
-from ce_step import tiledlse_step
+from ce_step import step_times, tiledlse_step
 
 
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
-
-
-def round_median(step, timed=8, untimed=2):
-    for _ in range(untimed):
-        step()
-    times = []
-    for _ in range(timed):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return median(times)
 
 
 def sweep(N, D, V, budgets, rounds, warm_seconds):
@@ -52,7 +38,7 @@ def sweep(N, D, V, budgets, rounds, warm_seconds):
     medians = {mib: [] for mib in budgets}
     for r in range(rounds):
         for mib in budgets[r % len(budgets):] + budgets[:r % len(budgets)]:
-            medians[mib].append(round_median(steps[mib]))
+            medians[mib].append(median(step_times(steps[mib], untimed=2, timed=8)))
             torch.cuda.empty_cache()
     for mib in budgets:
         m = medians[mib]

@@ -1,6 +1,7 @@
 """The two implementations of a cross-entropy training step that the benchmarks time on the same
 inputs (ce_inputs): cuBLAS's three products alone, and TiledLSE's step through the package. Used by
-gemm_rate.py --step, tiledlse_step.py, step_from_idle.py and step_kernels.py.
+gemm_rate.py --step, tiledlse_step.py, budget_sweep.py, step_from_idle.py and step_kernels.py;
+step_times is how tiledlse_step.py and budget_sweep.py time a step.
 """
 import torch
 
@@ -42,3 +43,18 @@ def step_against_products(N, D, V, budget_mib):
         for product in products:
             product()
     return cublas, tiledlse_step(e.clone().requires_grad_(), c.clone().requires_grad_(), t, budget_mib << 20)
+
+
+def step_times(step, untimed, timed):
+    """The times of `timed` calls of step (ms, CUDA events around each, sorted) after `untimed`."""
+    for _ in range(untimed):
+        step()
+    times = []
+    for _ in range(timed):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return sorted(times)

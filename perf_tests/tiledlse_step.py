@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from ce_inputs import ce_inputs
-from ce_step import tiledlse_step
+from ce_step import step_times, tiledlse_step
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,17 +45,7 @@ def time_step(dtype, N, D, V, mib, check):
     e, c, t = ce_inputs(N, D, V, DTYPES[dtype], "cuda", torch.Generator(device="cuda").manual_seed(0))
     step = tiledlse_step(e.requires_grad_(), c.requires_grad_(), t, mib << 20)
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(10):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    times.sort()
+    times = step_times(step, untimed=3, timed=10)
     line = (f"{dtype} N={N} D={D} V={V} budget={mib} MiB: median {times[5]:.2f} ms "
             f"(min {times[0]:.2f}, max {times[-1]:.2f})")
     if check:
