@@ -106,13 +106,8 @@ for a in "$@"; do args+=("${a//sm_80/sm_90}"); done
 exec "$(dirname "$0")/nvcc_wrapper" "${args[@]}"
 WRAP
       chmod +x "$prefix/bin/nvcc_sm90"
-      # Some images link CUDA 13's headers into /usr/local/include, which the host compiler
-      # searches before /usr/include: a folder of links back to 11.8's headers, put first on
-      # every compile line by the wrapper, restores them.
-      rm -rf "$prefix/cuda-11.8-include" && mkdir -p "$prefix/cuda-11.8-include"
-      for f in /usr/local/include/*; do
-        [ -e "/usr/include/${f##*/}" ] && ln -s "/usr/include/${f##*/}" "$prefix/cuda-11.8-include/"
-      done
+      # CUDA 11.8's headers before any CUDA 13 headers the image has, first on every compile line.
+      "$(dirname "${BASH_SOURCE[0]}")/cuda_header_links.sh" "$prefix/cuda-11.8-include"
       sed -i "s|^exec .*|exec \"\$(dirname \"\$0\")/nvcc_wrapper\" -I$prefix/cuda-11.8-include \"\${args[@]}\"|" "$prefix/bin/nvcc_sm90"
       flags+=(-DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_sm90" -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_CUDA_LAMBDA=ON
               -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_AMPERE80=ON -DCUDAToolkit_ROOT=/usr

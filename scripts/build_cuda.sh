@@ -44,12 +44,9 @@ fi
 mkdir -p "$build" && echo "$kokkos" >"$build/.kokkos-prefix"
 compiler=$kokkos/bin/nvcc_sm90
 if ! $bootstrap_kokkos; then
-  # That Kokkos names sm_90 itself; its nvcc_wrapper with 11.8's headers first (bootstrap.sh
-  # says why), in a folder of links made here.
-  mkdir -p "$build/cuda-11.8-include"
-  for f in /usr/local/include/*; do
-    [ -e "/usr/include/${f##*/}" ] && ln -sfn "/usr/include/${f##*/}" "$build/cuda-11.8-include/"
-  done
+  # That Kokkos names sm_90 itself; its nvcc_wrapper with 11.8's headers first
+  # (cuda_header_links.sh says why).
+  "$root/scripts/cuda_header_links.sh" "$build/cuda-11.8-include"
   compiler=$build/nvcc_kokkos
   printf '#!/usr/bin/env bash\nexec "%s" -I"%s" "$@"\n' "$kokkos/bin/nvcc_wrapper" "$build/cuda-11.8-include" >"$compiler"
   chmod +x "$compiler"
