@@ -149,9 +149,10 @@ struct LseStepHopper {
   /// Under a budget that holds no chunk of rows, or several that cost more (kept_columns_first;
   /// it declines otherwise, and where its plan does not fit), the kept columns (KeptColumnsPlan):
   /// dA and dB wanted and written, not added into, since their storage holds A' and the kept
-  /// exponentials until their values go there. Every stored row is swept (the exponentials' rows are A's, as dA's
-  /// storage holds them); where some are not scored (a row index) those have no target and weigh nothing (g = c = 0:
-  /// their rows of G, A' and dA are 0), and the target logits go by row:
+  /// exponentials until their values go there. Every stored row is swept (the exponentials' rows
+  /// are A's, as dA's storage holds them); where some are not scored (a row index) those have no
+  /// target and weigh nothing (g = c = 0: their rows of G, A' and dA are 0), and the target
+  /// logits go by row:
   ///   1. the forward over every column, keeping the exponentials of the first `kept` columns in
   ///      panels in dB's storage, each past dB's rows of the panels up to its own, and those past
   ///      what dB's storage holds in the workspace's tail;

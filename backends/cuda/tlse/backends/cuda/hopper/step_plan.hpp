@@ -283,8 +283,8 @@ struct KeptColumnsPlan {
 /// what the kept columns recompute. Several chunks read and write dB's fp32 accumulator once per
 /// chunk ((2 chunks - 1) x cols x depth x 4 bytes: the first only writes), while the kept columns
 /// recompute the columns past `kept` (a fourth product over rows x (cols - kept) x depth) and pay
-/// PANEL_COST_COLS per kept panel. Without this a budget that holds a few chunks ran slower than
-/// a smaller one that holds only the kept columns (docs/notes/2026-12-06-budgets.md).
+/// PANEL_COST_COLS per kept panel. So a budget that holds a few chunks runs no slower than a
+/// smaller one that holds only the kept columns (docs/notes/2026-12-06-budgets.md).
 inline bool kept_columns_first(const StepPlan& chunks, const KeptColumnsPlan& kept) {
   if (!kept.fits) return false;
   if (!chunks.fits) return true;
