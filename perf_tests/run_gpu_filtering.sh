@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# On the GPU machine, in one call (issue 12; docs/gpu.md): the exact-float32 FFMA kernels checked
-# and timed against the generic kernels and PyTorch fp32, then gradient filtering measured on
-# trained-LM-like inputs. Needs build-cuda/carry/ (scripts/build_cuda.sh) and, for PyTorch,
-# shared/bench/baselines.py copied into the tree as perf_tests/baselines.py. Each step has its own
-# time limit, so that one that hangs does not take the rest with it. Writes every line to
+# On the GPU machine, in one call (issues 12 and 65; docs/gpu.md): the exact-float32 tile kernels
+# (3xTF32 and FFMA products) checked and timed against PyTorch fp32, then gradient filtering
+# measured on trained-LM-like inputs. Needs build-cuda/carry/ (scripts/build_cuda.sh) and, for
+# PyTorch, shared/bench/baselines.py copied into the tree as perf_tests/baselines.py. Each step has
+# its own time limit, so that one that hangs does not take the rest with it. Writes every line to
 # $OUT/gpu_filtering.log (or ./gpu_filtering.log) and prints a summary last.
-#   1. correctness of exact float32 on FFMA (TLSE_CUDA_EXACT_F32=ffma): the f32 unit tests, and
-#      tlse --check on both losses at sizes with several tiles, chunks and K splits;
-#   2. issue 12's exact-float32 cases: contrastive B=65536 c=512 and cross-entropy N=4096 D=2048
-#      V=65536, on FFMA and on the generic kernels, and PyTorch fp32 (TF32 off) on the same device;
+#   1. correctness of exact float32 on each of $EXACT_KERNELS (TLSE_CUDA_EXACT_F32; default
+#      "tf32x3 ffma"): the f32 unit tests, and tlse --check on both losses at sizes with several
+#      tiles, chunks and K splits (its lines give each path's error against float64);
+#   2. the exact-float32 cases: contrastive B=65536 c=512 and cross-entropy N=4096 D=2048 V=65536,
+#      on each of $EXACT_KERNELS, and PyTorch fp32 (TF32 off) on the same device;
 #   3. filtering: cross-entropy bf16 N=8192 D=4096 V=128256 on --inputs lm, backward with filtering
 #      off / default / default + sorted vocabulary, skippable tiles, and dE/dC error against float64
 #      gradients on sampled rows and classes; the same study on the random inputs (the worst case);
-#   4. compute-sanitizer memcheck and racecheck on the FFMA kernels (a few small tests).
-# About 6 minutes in all (estimated; not yet run). Parts can run alone, e.g. in two calls when the
-# device call's 10 minutes are short:
+#   4. compute-sanitizer memcheck and racecheck on the exact-float32 kernels (a few small tests).
+# Parts can run alone, e.g. in two calls when the device call's 10 minutes are short:
 #   perf_tests/run_gpu_filtering.sh [all | any of: checks exact filtering sanitizer]
 set -uo pipefail
 parts=" ${*:-all} "
@@ -33,24 +33,28 @@ run() {  # run <seconds> <command...>: logged, limited, its status logged
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
   echo "-- status ${PIPESTATUS[0]}" | tee -a "$log"
 }
-ffma=(env TLSE_CUDA_EXACT_F32=ffma)
-generic=(env TLSE_CUDA_EXACT_F32=generic)
+kernels=${EXACT_KERNELS:-tf32x3 ffma}
 
-# 1. Exact float32 on FFMA: correct first.
-want checks && for t in test_linear_lse test_cross_entropy test_contrastive; do
-  run 300 "${ffma[@]}" "$carry/$t" --gtest_filter='*f32*' --gtest_brief=1
+# 1. Exact float32 on the tile kernels: correct first.
+for k in $kernels; do
+  exact=(env TLSE_CUDA_EXACT_F32=$k)
+  want checks && for t in test_linear_lse test_cross_entropy test_contrastive; do
+    run 300 "${exact[@]}" "$carry/$t" --gtest_filter='*f32*' --gtest_brief=1
+  done
+  if want checks; then
+    run 300 "${exact[@]}" "$carry/tlse" cross-entropy --tokens 600 --dim 132 --vocab 70001 --dtype f32 --no-baseline --iterations 1 --check
+    run 300 "${exact[@]}" "$carry/tlse" contrastive --batch 1500 --dim 132 --dtype f32 --no-baseline --iterations 1 --check
+    run 300 "${exact[@]}" "$carry/tlse" contrastive --batch 4096 --dim 512 --dtype f32 --no-baseline --iterations 1 --check
+  fi
 done
-if want checks; then
-  run 300 "${ffma[@]}" "$carry/tlse" cross-entropy --tokens 600 --dim 132 --vocab 70001 --no-baseline --iterations 1 --check
-  run 300 "${ffma[@]}" "$carry/tlse" contrastive --batch 1500 --dim 132 --no-baseline --iterations 1 --check
-fi
 
-# 2. Exact float32 times (fenced medians; generic: the issue's starting point, fewer iterations).
+# 2. Exact float32 times (fenced medians), each kernel then PyTorch fp32 in the same call.
 if want exact; then
   f32=(--dtype f32 --no-baseline)
-  run 240 "${ffma[@]}" "$carry/tlse" contrastive --batch 65536 --dim 512 "${f32[@]}" --iterations 5
-  run 240 "${ffma[@]}" "$carry/tlse" cross-entropy --tokens 4096 --dim 2048 --vocab 65536 "${f32[@]}" --iterations 5
-  run 240 "${generic[@]}" "$carry/tlse" cross-entropy --tokens 4096 --dim 2048 --vocab 65536 "${f32[@]}" --iterations 1
+  for k in $kernels; do
+    run 240 env TLSE_CUDA_EXACT_F32=$k "$carry/tlse" contrastive --batch 65536 --dim 512 "${f32[@]}" --iterations 5
+    run 240 env TLSE_CUDA_EXACT_F32=$k "$carry/tlse" cross-entropy --tokens 4096 --dim 2048 --vocab 65536 "${f32[@]}" --iterations 5
+  done
   if [ -f "$root/perf_tests/baselines.py" ]; then
     run 300 python3 "$root/perf_tests/baselines.py" cl
     run 180 python3 "$root/perf_tests/torch_cross_entropy.py" 4096 2048 65536 --dtype fp32
@@ -66,12 +70,16 @@ if want filtering; then
   run 300 "$carry/tlse" "${ce[@]}" --inputs random --iterations 3
 fi
 
-# 4. compute-sanitizer on the FFMA kernels.
+# 4. compute-sanitizer on the exact-float32 kernels.
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    run 240 "${ffma[@]}" compute-sanitizer --tool $tool "$carry/test_linear_lse" --gtest_filter='*f32*ExactFloat*:*f32*PrimeShapes*'
+  for k in $kernels; do
+    for tool in memcheck racecheck; do
+      run 240 env TLSE_CUDA_EXACT_F32=$k compute-sanitizer --tool $tool "$carry/test_linear_lse" \
+        --gtest_filter='*f32*ExactFloat*:*f32*PrimeShapes*'
+    done
+    run 300 env TLSE_CUDA_EXACT_F32=$k compute-sanitizer --tool memcheck "$carry/test_cross_entropy" \
+      --gtest_filter='*f32*GradientFilterSkips*'
   done
-  run 300 "${ffma[@]}" compute-sanitizer --tool memcheck "$carry/test_cross_entropy" --gtest_filter='*f32*GradientFilterSkips*'
 fi
 
 echo "== summary"

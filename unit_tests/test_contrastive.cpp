@@ -134,8 +134,8 @@ TYPED_TEST(Contrastive, Tf32Precision) {
 }
 
 TYPED_TEST(Contrastive, ExactFloatTileKernelShapes) {
-  // Exact float on CUDA runs the tile kernels with FFMA products under TLSE_CUDA_EXACT_F32=ffma
-  // (docs/gpu.md): shapes that are not multiples of the 128 x 128 tiles, depth 4 (the smallest
+  // Exact float on CUDA runs the tile kernels with 3xTF32 (or, TLSE_CUDA_EXACT_F32=ffma, FFMA)
+  // products (docs/gpu.md): shapes that are not multiples of the 128 x 128 tiles, depth 4 (the smallest
   // they take), custom positives, and the self-similarity form (both passes into one gradient).
   if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
   TLSE_SEEDED(rng);

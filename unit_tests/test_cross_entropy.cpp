@@ -287,8 +287,8 @@ TYPED_TEST(CrossEntropy, Tf32Precision) {
 }
 
 TYPED_TEST(CrossEntropy, ExactFloatChunksSplitsAndMasks) {
-  // Exact float on CUDA runs the tile kernels with FFMA products under TLSE_CUDA_EXACT_F32=ffma
-  // (docs/gpu.md), the generic kernels otherwise; exact either way, checked at float roundoff.
+  // Exact float on CUDA runs the tile kernels with 3xTF32 products, with FFMA products under
+  // TLSE_CUDA_EXACT_F32=ffma, or the generic kernels (docs/gpu.md); checked at float roundoff.
   // V = 70001: the dE pass runs 128-row chunks of G (64 MiB each) and splits the product's K;
   // depth 4 is the smallest the tile kernels take; then bias, -inf masks, ignored rows, softcap,
   // and whole tiles under the gradient filter.

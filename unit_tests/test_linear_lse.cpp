@@ -63,8 +63,8 @@ TYPED_TEST(LinearLse, SeveralTensorCoreTiles) {
 }
 
 TYPED_TEST(LinearLse, ExactFloatTileKernelShapes) {
-  // Exact float on CUDA runs the tile kernels with FFMA products under TLSE_CUDA_EXACT_F32=ffma
-  // (docs/gpu.md): several tiles with bias, an excluded diagonal and masked columns at depth 4,
+  // Exact float on CUDA runs the tile kernels with 3xTF32 (or, TLSE_CUDA_EXACT_F32=ffma, FFMA)
+  // products (docs/gpu.md): several tiles with bias, an excluded diagonal and masked columns at depth 4,
   // and logits up to ~1e4.
   if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
   TLSE_SEEDED(rng);

@@ -5,8 +5,8 @@
 //   the call's memory budget, and cross-entropy's training step for bf16 and fp16 when its plan fits;
 // - the mma.sync tensor-core kernels (mma/forward.hpp, mma/backward.hpp): the forward
 //   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;
-// - the same kernels with FFMA products (mma/ffma_product.hpp) for exact float, when
-//   TLSE_CUDA_EXACT_F32=ffma asks for them (exact_f32_on_ffma; not yet the default);
+// - the same kernels for exact float, with 3xTF32 products on tensor cores (the default) or FFMA
+//   products (mma/ffma_product.hpp), as TLSE_CUDA_EXACT_F32 says (kernel_path.hpp);
 // - anything else runs the generic kernels.
 #include <tlse/backends/cuda/kernel_path.hpp>
 #include <tlse/backends/cuda/mma/backward.hpp>
@@ -24,7 +24,7 @@
 namespace tlse::impl {
 
 /// The input types the tile kernels take: 16-bit inputs always; float inputs in TF32 on tensor
-/// cores, or exact with FFMA products when enabled (both checked at run time).
+/// cores, or exact with 3xTF32 or FFMA products unless TLSE_CUDA_EXACT_F32=generic (checked at run time).
 template <class T>
 constexpr bool on_tile_kernels =
     std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value || std::is_same<T, float>::value;
@@ -42,16 +42,20 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
       if (path == cuda::KernelPath::hopper && cuda::LseForwardHopper::run(exec.cuda_stream(), prob, parts)) return true;
 #endif
       if (path == cuda::KernelPath::generic) return false;
+      const auto run_with = [&](auto product) {
+        using Product = decltype(product);
+        if (!cuda::LseForwardMma::applies<T, Product>(prob)) return false;
+        cuda::LseForwardMma::run<T, Product>(exec.cuda_stream(), exec.cuda_device(), prob, parts);
+        return true;
+      };
       if constexpr (std::is_same<T, float>::value) {
         if (!prob.tf32) {  // exact float
-          if (!cuda::exact_f32_on_ffma() || !cuda::LseForwardMma::applies<T, cuda::FfmaProduct>(prob)) return false;
-          cuda::LseForwardMma::run<T, cuda::FfmaProduct>(exec.cuda_stream(), exec.cuda_device(), prob, parts);
-          return true;
+          const cuda::ExactF32 kernels = cuda::exact_f32_kernels();
+          if (kernels == cuda::ExactF32::tf32x3) return run_with(cuda::Tf32x3Product{});
+          return kernels == cuda::ExactF32::ffma && run_with(cuda::FfmaProduct{});
         }
       }
-      if (!cuda::LseForwardMma::applies(prob)) return false;
-      cuda::LseForwardMma::run(exec.cuda_stream(), exec.cuda_device(), prob, parts);
-      return true;
+      return run_with(cuda::TensorCoreProduct<T>{});
     } else {
       return false;
     }
@@ -66,7 +70,7 @@ bool takes_spread(const SoftmaxTerms<Acc>& terms) {
 }
 
 /// The backward stores G = scale * dL/dx in the input type for the tile kernels' product (fp16
-/// scaled by rows, see mma/backward.hpp); float in TF32, or exact with FFMA when enabled.
+/// scaled by rows, see mma/backward.hpp); float in TF32, or exact with 3xTF32 or FFMA.
 template <class T>
 constexpr bool backward_on_tile_kernels = on_tile_kernels<T>;
 
@@ -129,7 +133,8 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
   static std::size_t scratch_bytes(const Kokkos::Cuda& exec, index_t owned, index_t other, index_t depth,
                                    Precision precision) {
     if constexpr (backward_on_tile_kernels<T>) {
-      if (sizeof(T) == 4 && precision != Precision::tf32 && !cuda::exact_f32_on_ffma()) return 0;
+      if (sizeof(T) == 4 && precision != Precision::tf32 && cuda::exact_f32_kernels() == cuda::ExactF32::generic)
+        return 0;
       if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return 0;
       return cuda::LseBackwardMma::scratch_bytes(exec.cuda_device(), owned, other, depth, sizeof(T));
     } else {
@@ -142,12 +147,18 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
     if constexpr (backward_on_tile_kernels<T>) {
       if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return false;
-      if constexpr (std::is_same<T, float>::value)
-        if (!f.prob.tf32)  // exact float
-          return cuda::exact_f32_on_ffma() &&
-                 cuda::LseBackwardMma::run<T, cuda::FfmaProduct>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch,
-                                                                 f.scratch_bytes);
-      return cuda::LseBackwardMma::run<T>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch, f.scratch_bytes);
+      const auto run_with = [&](auto product) {
+        return cuda::LseBackwardMma::run<T, decltype(product)>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch,
+                                                               f.scratch_bytes);
+      };
+      if constexpr (std::is_same<T, float>::value) {
+        if (!f.prob.tf32) {  // exact float
+          const cuda::ExactF32 kernels = cuda::exact_f32_kernels();
+          if (kernels == cuda::ExactF32::tf32x3) return run_with(cuda::Tf32x3Product{});
+          return kernels == cuda::ExactF32::ffma && run_with(cuda::FfmaProduct{});
+        }
+      }
+      return run_with(cuda::TensorCoreProduct<T>{});
     } else {
       return false;
     }

@@ -7,8 +7,7 @@
 // the fastest path the device runs (the Hopper kernels on sm_90, which pass the GPU suite:
 // docs/notes/2026-11-23.md, "Validation of the Hopper kernels (da0e14a), and auto taking them").
 // TLSE_GENERIC_ONLY=1 still means generic.
-// Exact float inputs (Precision::exact) have their own switch, TLSE_CUDA_EXACT_F32=ffma|generic:
-// the tile kernels with FFMA products (mma/ffma_product.hpp), or the generic kernels.
+// Exact float inputs (Precision::exact) have their own switch, TLSE_CUDA_EXACT_F32 (ExactF32).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -27,23 +26,25 @@ namespace tlse::impl::cuda {
 
 enum class KernelPath { hopper, mma, generic };
 
-/// The exact-float32 FFMA kernels compiled, but not yet run on a GPU in this project's suite:
-/// `auto` keeps exact float on the generic kernels until they have (docs/gpu.md).
-constexpr bool ffma_by_default = false;
+/// Which kernels exact float inputs (Precision::exact) run where the kernel path is not generic:
+/// the tile kernels with 3xTF32 products (SplitTf32, mma/nt_sweep.hpp: float's accuracy on tensor
+/// cores, the default), with FFMA products (mma/ffma_product.hpp: float products summed in depth
+/// order, as the generic kernels), or the generic kernels.
+enum class ExactF32 { tf32x3, ffma, generic };
 
-/// Whether exact float inputs run the tile kernels with FFMA products (where the kernel path is
-/// not generic): TLSE_CUDA_EXACT_F32=ffma|generic, unset or `auto`: ffma_by_default. Read once;
-/// throws on a value it does not know.
-inline bool exact_f32_on_ffma() {
-  static const bool on = [] {
+/// TLSE_CUDA_EXACT_F32=tf32x3|ffma|generic; unset or `auto`: tf32x3. Read once; throws on a
+/// value it does not know.
+inline ExactF32 exact_f32_kernels() {
+  static const ExactF32 kernels = [] {
     const char* v = std::getenv("TLSE_CUDA_EXACT_F32");
-    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return ffma_by_default;
-    if (std::strcmp(v, "ffma") == 0) return true;
-    if (std::strcmp(v, "generic") == 0) return false;
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "tf32x3") == 0)
+      return ExactF32::tf32x3;
+    if (std::strcmp(v, "ffma") == 0) return ExactF32::ffma;
+    if (std::strcmp(v, "generic") == 0) return ExactF32::generic;
     throw std::invalid_argument(std::string("tlse: TLSE_CUDA_EXACT_F32 is '") + v +
-                                "'; expected auto, ffma or generic");
+                                "'; expected auto, tf32x3, ffma or generic");
   }();
-  return on;
+  return kernels;
 }
 
 /// What TLSE_CUDA_KERNELS asks for; throws on a value it does not know.

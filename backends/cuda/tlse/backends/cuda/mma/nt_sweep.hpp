@@ -5,8 +5,9 @@
 // staged in shared memory by a 3-stage cp.async pipeline (128 x 128 x 64) that runs on across
 // column tiles. What happens to a finished tile is the epilogue's business: the forward folds it
 // into online LSE states, the backward turns it into dL/dx. The tile never leaves the SM. How a
-// stage's operands are multiplied is the Product's: tensor cores here (TensorCoreProduct), exact
-// float32 FFMA in mma/ffma_product.hpp, both into the same accumulator layout.
+// stage's operands are multiplied is the Product's: tensor cores here (TensorCoreProduct, exact
+// float32 as 3xTF32 among them), FFMA in mma/ffma_product.hpp, all into the same accumulator
+// layout.
 #include <tlse/backends/cuda/mma/primitives.hpp>
 
 namespace tlse::impl::cuda {
@@ -55,22 +56,66 @@ __device__ __forceinline__ void load_a_fragments(unsigned (&a)[4][4], const std:
     ldmatrix_x4(a[mt], smem_address(sa + (w.wm * 64 + mt * 16 + (w.lane & 15)) * LDS + kk + (w.lane >> 4) * 8));
 }
 
-/// acc += a b over the warp's 4 x 4 mma tiles (operands converted first where MmaOp needs it).
+/// acc += a b over the warp's 4 x 4 mma tiles, one mma.sync per 16 x 8 block: 16-bit inputs,
+/// and float inputs that allow TF32 (rounded to it first).
 template <class T>
-__device__ __forceinline__ void mma_warp_tile(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
-  MmaOp<T>::prepare(&a[0][0], 16);
-  MmaOp<T>::prepare(&b[0][0], 8);
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
-  #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
-}
-
-/// The products of one pipeline stage on tensor cores (mma.sync, fp32 accumulation): for 16-bit
-/// inputs, and for float inputs that allow TF32.
-template <class T>
-struct TensorCoreProduct {
+struct OneMmaPerBlock {
   static bool applies(const TileProblem<T, float>& prob) { return sizeof(T) == 2 || prob.tf32; }
+  static __device__ __forceinline__ void multiply(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
+    MmaOp<T>::prepare(&a[0][0], 16);
+    MmaOp<T>::prepare(&b[0][0], 8);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) MmaOp<T>::run(acc[mt][nt], a[mt], b[nt]);
+  }
+};
+
+/// Exact float on TF32 tensor cores, the 3xTF32 split of CUTLASS's big + small GEMMs: each operand
+/// x = big + small with big = tf32(x) and small = tf32(x - big), so |x - big - small| <= 2^-24 |x|
+/// (each rounding keeps 11 significant bits); a b = a_small b_big + a_big b_small + a_big b_big
+/// with the small terms first, dropping a_small b_small (<= 2^-24 |a b|): products within float's
+/// rounding, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures the
+/// error against float64). Infinite operands keep small = 0, so they propagate as in float.
+struct SplitTf32 {
+  template <class T>
+  static bool applies(const TileProblem<T, float>& prob) {
+    return sizeof(T) == 4 && !prob.tf32;
+  }
+  /// x rounded to TF32 with the dropped bits zero (cvt.rna leaves them unspecified).
+  static __device__ __forceinline__ float tf32_part(float x) {
+    return __uint_as_float(__float_as_uint(round_to_tf32(x)) & 0xffffe000u);
+  }
+  template <int N>
+  static __device__ __forceinline__ void split(unsigned* big, unsigned* small) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float x = __uint_as_float(big[i]), hi = tf32_part(x);
+      small[i] = __float_as_uint(isfinite(hi) ? tf32_part(x - hi) : 0.0f);
+      big[i] = __float_as_uint(hi);
+    }
+  }
+  static __device__ __forceinline__ void multiply(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
+    unsigned a_small[4][4], b_small[4][2];
+    split<16>(&a[0][0], &a_small[0][0]);
+    split<8>(&b[0][0], &b_small[0][0]);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        MmaOp<float>::run(acc[mt][nt], a_small[mt], b[nt]);
+        MmaOp<float>::run(acc[mt][nt], a[mt], b_small[nt]);
+        MmaOp<float>::run(acc[mt][nt], a[mt], b[nt]);
+      }
+  }
+};
+
+/// The products of one pipeline stage on tensor cores (mma.sync, fp32 accumulation), the warp
+/// tile multiplied by Multiply: OneMmaPerBlock (16-bit inputs, float in TF32) or SplitTf32
+/// (exact float).
+template <class T, class Multiply = OneMmaPerBlock<T>>
+struct TensorCoreProduct {
+  static bool applies(const TileProblem<T, float>& prob) { return Multiply::applies(prob); }
 
   /// acc += A B^T over the stage: A rows [m][k] and B rows [n][k], LDS halves apart (the sweep).
   static __device__ __forceinline__ void stage_nt(TileAccumulator& acc, const std::uint16_t* sa,
@@ -86,7 +131,7 @@ struct TensorCoreProduct {
                                     ((w.lane >> 3) & 1) * 8));
         b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
       }
-      mma_warp_tile<T>(acc, a, b);
+      Multiply::multiply(acc, a, b);
     }
   }
 
@@ -114,10 +159,13 @@ struct TensorCoreProduct {
         for (int nt = 0; nt < 4; ++nt)
           b[nt][0] = sbw[k * LDSB + n + nt * 8], b[nt][1] = sbw[(k + 4) * LDSB + n + nt * 8];
       }
-      mma_warp_tile<T>(acc, a, b);
+      Multiply::multiply(acc, a, b);
     }
   }
 };
+
+/// Exact float products on tensor cores (SplitTf32).
+using Tf32x3Product = TensorCoreProduct<float, SplitTf32>;
 
 /// Sweeps column tiles [ct_begin, ct_end) of B against rows [row0, row0 + BM) of A (positions
 /// at or past a_end read as zero). Calls epi.column_tile(acc, ct) after each column tile, with
