@@ -210,16 +210,17 @@ struct DistillationGradientTerms {
 /// A backward pass over tile pairs: teams own row tiles (grad_s = dHs, grad_t = dHt) or column
 /// tiles (dWs, dWt), recompute both heads' tiles against the whole other side, form dL/dx of
 /// each head and add its product with that head's other operand into level-1 scratch (TM x
-/// (D_s + D_t) accumulators), written once.
-template <class T, class Acc, class Tile = GenericTile>
+/// (D_s + D_t) accumulators), written once. G: the gradients' type (T, or Acc for the partial
+/// gradients of a vocabulary shard).
+template <class T, class Acc, class G = T, class Tile = GenericTile>
 struct PairBackwardTiles {
   static constexpr int TM = Tile::TM, TN = Tile::TN, SLD = DotTileScratch<Acc, Tile>::SLD;
   static_assert(TM == TN, "the owned and the other side swap roles, so tiles are square");
   PairProblem<T, Acc> pp;
   DistillationGradientTerms<Acc> g;
   bool owner_is_row;
-  T* grad_s;  // by owned id, nullptr: not wanted
-  T* grad_t;
+  G* grad_s;  // by owned id, nullptr: not wanted
+  G* grad_t;
   bool accumulate;
 
   static std::size_t scratch0_bytes() { return PairScratch<Acc, Tile>::bytes(); }
@@ -287,9 +288,9 @@ struct PairBackwardTiles {
 };
 
 /// Runs one backward pass (PairBackwardTiles) when it has a gradient to write.
-template <class Exec, class T, class Acc>
-void distillation_backward_pass(const Exec& exec, const PairBackwardTiles<T, Acc>& f) {
-  using F = PairBackwardTiles<T, Acc>;
+template <class Exec, class T, class Acc, class G>
+void distillation_backward_pass(const Exec& exec, const PairBackwardTiles<T, Acc, G>& f) {
+  using F = PairBackwardTiles<T, Acc, G>;
   const index_t owned = f.owned(f.pp.student).count;
   if (owned == 0 || (!f.grad_s && !f.grad_t)) return;
   const int team = is_host_space<Exec>() ? 1 : 64;
@@ -300,17 +301,16 @@ void distillation_backward_pass(const Exec& exec, const PairBackwardTiles<T, Acc
                        f);
 }
 
-/// The backward's two passes: rows (dHs, dHt, by row id of the scored rows only) then columns
-/// (dWs, dWt, by column id). Each gradient may be nullptr (not wanted).
-template <class Exec, class T, class Acc>
+/// The backward's two passes: rows (dHs, dHt, by row id of the scored rows only; of type G) then
+/// columns (dWs, dWt, by column id). Each gradient may be nullptr (not wanted). `accumulate`
+/// adds into all four.
+template <class Exec, class T, class Acc, class G>
 void distillation_backward(const Exec& exec, const PairProblem<T, Acc>& pp, const DistillationGradientTerms<Acc>& g,
-                           T* dHs, T* dWs, T* dHt, T* dWt, bool accumulate) {
-  PairBackwardTiles<T, Acc> f{pp, g, true, dHs, dHt, accumulate};
-  distillation_backward_pass(exec, f);
-  f.owner_is_row = false;
-  f.grad_s = dWs;
-  f.grad_t = dWt;
-  distillation_backward_pass(exec, f);
+                           G* dHs, T* dWs, G* dHt, T* dWt, bool accumulate) {
+  PairBackwardTiles<T, Acc, G> rows{pp, g, true, dHs, dHt, accumulate};
+  distillation_backward_pass(exec, rows);
+  PairBackwardTiles<T, Acc, T> cols{pp, g, false, dWs, dWt, accumulate};
+  distillation_backward_pass(exec, cols);
 }
 
 }  // namespace tlse::impl

@@ -94,14 +94,15 @@ KOKKOS_INLINE_FUNCTION void add_tile_product(const Member& member, const Acc* G,
 }
 
 /// grad[own.id(o0 + o)][k] = acc[o * depth + k] (added to grad's value when accumulating) for the
-/// mo owned rows from o0: where a backward team writes its rows, once.
-template <class Member, class T, class Acc>
+/// mo owned rows from o0: where a backward team writes its rows, once. G: the gradient's type
+/// (the inputs', or Acc for a partial gradient that is summed further).
+template <class Member, class T, class Acc, class G>
 KOKKOS_INLINE_FUNCTION void write_tile_rows(const Member& member, const Side<T>& own, index_t o0, int mo, index_t depth,
-                                            const Acc* acc, T* grad, bool accumulate) {
+                                            const Acc* acc, G* grad, bool accumulate) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(member, index_t(mo) * depth), [&](index_t idx) {
     const index_t o = idx / depth, k = idx % depth;
-    T& out = grad[own.id(o0 + o) * depth + k];
-    out = from_acc<T>((accumulate ? to_acc<Acc>(out) : Acc(0)) + acc[idx]);
+    G& out = grad[own.id(o0 + o) * depth + k];
+    out = from_acc<G>((accumulate ? to_acc<Acc>(out) : Acc(0)) + acc[idx]);
   });
 }
 
