@@ -233,7 +233,10 @@ void distillation_loss(const Comm& comm, const HsV& Hs, const WsV& Ws, const HtV
 /// \param Hs, Ws, Ht, Wt, targets the forward's inputs (Ws and Wt this rank's shards)
 /// \param row_stats the forward's row_stats output
 /// \param dloss gradient with respect to the loss, shaped like the loss
-/// \param dHs (N x D_s), dWs (V_r x D_s), dHt (N x D_t), dWt (V_r x D_t) output views of T, or empty
+/// \param dHs (N x D_s) output view of T, or empty
+/// \param dWs (V_r x D_s) output view of T, or empty
+/// \param dHt (N x D_t) output view of T, or empty
+/// \param dWt (V_r x D_t) output view of T, or empty
 /// \param opts the forward's options; `accumulate` adds into the gradients
 /// \throws std::invalid_argument on every rank, as distillation_loss.
 template <class Comm, class HsV, class WsV, class HtV, class WtV, class TargetV, class StatsV, class DLossV, class DHsV,
