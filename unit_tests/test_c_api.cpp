@@ -829,6 +829,9 @@ TEST(CApiDistillation, BadInputFailsBeforeAnyWrite) {
   expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
                                         Ws.data(), Ht.data(), Wt.data(), nullptr, nullptr, nullptr, &o),
                  {"argument 'loss' is NULL but has 1 elements"});
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
+                                        Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), nullptr, &o),
+                 {"tlse_distillation_loss: argument 'row_stats' is NULL but has"});
   expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, static_cast<tlse_dtype>(8), n, v, ds, dt,
                                         Hs.data(), Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), nullptr, &o),
                  {"argument 'dtype' is 8"});
@@ -855,7 +858,7 @@ TEST(CApiDistillation, BadInputFailsBeforeAnyWrite) {
   o.alpha = 0.5;
   expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
                                         Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), stats.data(), &o),
-                 {"distillation_loss", "'alpha'", "targets"});
+                 {"distillation_loss", "'targets'", "alpha"});
   o.alpha = 0, o.shift = -1;
   expect_invalid(forward(), {"distillation_loss", "'shift'"});
   o.shift = 0;

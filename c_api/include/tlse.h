@@ -325,7 +325,7 @@ TLSE_API tlse_status tlse_distillation_loss_workspace_bytes(tlse_context* contex
                                                             size_t* bytes);
 
 /* Outputs: loss: n (TLSE_REDUCTION_NONE) or 1 (acc type); row_stats: n x TLSE_DISTILLATION_ROW_STATS
- * (acc type; the backward needs them) or NULL. options: NULL for the defaults. */
+ * (acc type): what the backward needs, written by every forward. options: NULL for the defaults. */
 TLSE_API tlse_status tlse_distillation_loss(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
                                             int64_t n, int64_t v, int64_t d_s, int64_t d_t, const void* Hs,
                                             const void* Ws, const void* Ht, const void* Wt, const int64_t* targets,

@@ -733,7 +733,7 @@ tlse::capi::DistillationArgs distillation_forward_args(const char* fn, const tls
   CallerArrays arrays(fn, context, device);
   distillation_inputs(arrays, e, a, Hs, Ws, Ht, Wt, targets);
   arrays.output("loss", loss, a.loss_size(), e.acc, true);
-  arrays.output("row_stats", row_stats, n * TLSE_DISTILLATION_ROW_STATS, e.acc);
+  arrays.output("row_stats", row_stats, n * TLSE_DISTILLATION_ROW_STATS, e.acc, true);
   arrays.disjoint();
   a.loss = loss, a.row_stats_out = row_stats;
   return a;

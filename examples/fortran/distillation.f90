@@ -62,7 +62,7 @@ program distillation
   options%beta = 1.5d0
   loss = 42
   status = tlse_distillation_loss(context, TLSE_DEVICE_HOST, c_null_ptr, TLSE_F64, n8, v8, ds8, dt8, c_loc(hs), &
-      c_loc(ws), c_loc(ht), c_loc(wt), c_null_ptr, c_loc(loss), c_null_ptr, options)
+      c_loc(ws), c_loc(ht), c_loc(wt), c_null_ptr, c_loc(loss), c_loc(stats), options)
   print '(a, i0, 2a)', 'beta 1.5: status ', status, ', ', tlse_last_error()
   if (status /= TLSE_ERROR_INVALID_ARGUMENT .or. loss /= 42) stop 1
   call tlse_check(tlse_context_destroy(context))
