@@ -238,6 +238,21 @@ def test_bad_input_messages():
         call(hs, ws, ht, wt, bad)
 
 
+def test_options_layout_and_row_stats_match_tlse_h():
+    # The ctypes structure against the library's defaults (a layout mismatch would scramble them),
+    # and the per-row statistics' count against tlse.h where the source tree is at hand.
+    import ctypes
+    from tiledlse import _library as L
+    options = L.DistillationOptions()
+    L._lib.tlse_distillation_options_default(ctypes.byref(options))
+    assert (options.divergence, options.reduction, options.beta, options.temperature, options.alpha,
+            options.ignore_index, options.shift, options.memory_budget) == (0, 2, 0.5, 1.0, 0.0, -100, 0, 0)
+    header = os.path.join(HERE, "..", "..", "c_api", "include", "tlse.h")
+    if os.path.exists(header):
+        text = open(header).read()
+        assert "#define TLSE_DISTILLATION_ROW_STATS %d\n" % L.DISTILLATION_ROW_STATS in text
+
+
 def test_example_distils_a_random_teacher():
     # examples/python/distill.py as a user runs it: 50 steps, and it asserts its divergence fell.
     env = dict(os.environ, OMP_PROC_BIND="false")
