@@ -367,4 +367,147 @@ TEST(LinearLseBadInput, ValidColumnsOutOfRange) {
   expect_untouched(lse, "lse");
 }
 
+struct DistillFixture : ::testing::Test {
+  std::mt19937_64 rng{7};
+  const std::int64_t N = 10, V = 20, Ds = 6, Dt = 9;
+  C::MatrixView Hs = to_device<C>(random_matrix<float>(rng, N, Ds)),
+                Ws = to_device<C>(random_matrix<float>(rng, V, Ds));
+  C::MatrixView Ht = to_device<C>(random_matrix<float>(rng, N, Dt)),
+                Wt = to_device<C>(random_matrix<float>(rng, V, Dt));
+  C::IndexView targets{"t", std::size_t(N)};
+  C::AccView loss{"loss", 1}, dloss{"dloss", 1};
+  Kokkos::View<float**, Kokkos::LayoutRight, C::Mem> stats{"row_stats", std::size_t(N),
+                                                           std::size_t(tlse::distillation_row_stats)};
+  C::MatrixView dHs{"dHs", std::size_t(N), std::size_t(Ds)}, dWs{"dWs", std::size_t(V), std::size_t(Ds)};
+  C::MatrixView dHt{"dHt", std::size_t(N), std::size_t(Dt)}, dWt{"dWt", std::size_t(V), std::size_t(Dt)};
+  void SetUp() override {
+    Kokkos::deep_copy(targets, 3);
+    Kokkos::deep_copy(dloss, 1);
+    fill_sentinel(loss);
+    fill_sentinel(stats);
+    for (auto v : {dHs, dWs, dHt, dWt}) fill_sentinel(v);
+  }
+  template <class HsV, class WsV, class HtV, class WtV, class TV>
+  void forward(const HsV& hs, const WsV& ws, const HtV& ht, const WtV& wt, const TV& t,
+               const tlse::DistillationOptions& o = {}) {
+    tlse::distillation_loss(Exec(), hs, ws, ht, wt, t, loss, stats, o);
+  }
+  void forward(const tlse::DistillationOptions& o = {}) { forward(Hs, Ws, Ht, Wt, targets, o); }
+  void backward(const tlse::DistillationOptions& o = {}) {
+    tlse::distillation_loss_backward(Exec(), Hs, Ws, Ht, Wt, targets, stats, dloss, dHs, dWs, dHt, dWt, o);
+  }
+  void untouched() {
+    expect_untouched(loss, "loss");
+    expect_untouched(stats, "row_stats");
+    expect_untouched(dHs, "dHs");
+    expect_untouched(dWs, "dWs");
+    expect_untouched(dHt, "dHt");
+    expect_untouched(dWt, "dWt");
+  }
+};
+
+TEST_F(DistillFixture, VocabularySizesDiffer) {
+  C::MatrixView Wt19("Wt19", V - 1, Dt);
+  expect_rejected([&] { forward(Hs, Ws, Ht, Wt19, targets); },
+                  {"tlse::distillation_loss", "'Wt'", "19 rows", "'Ws' has 20", "vocabulary sizes differ"});
+  untouched();
+}
+
+TEST_F(DistillFixture, RowCountsDiffer) {
+  C::MatrixView Ht9("Ht9", N - 1, Dt);
+  expect_rejected([&] { forward(Hs, Ws, Ht9, Wt, targets); }, {"'Ht'", "9 rows", "'Hs' has 10"});
+  untouched();
+}
+
+TEST_F(DistillFixture, DepthsMismatch) {
+  C::MatrixView Ws7("Ws7", V, Ds + 1), Wt8("Wt8", V, Dt - 1);
+  expect_rejected([&] { forward(Hs, Ws7, Ht, Wt, targets); }, {"'Ws'", "7 columns", "'Hs' has 6"});
+  expect_rejected([&] { forward(Hs, Ws, Ht, Wt8, targets); }, {"'Wt'", "8 columns", "'Ht' has 9"});
+  untouched();
+}
+
+TEST_F(DistillFixture, OptionsOutOfRange) {
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    tlse::DistillationOptions o;
+    o.divergence = tlse::Divergence::jsd;
+    o.beta = bad;
+    expect_rejected([&] { forward(o); }, {"tlse::distillation_loss", "'beta'", "must be in [0, 1]"});
+    o = {};
+    o.alpha = bad;
+    expect_rejected([&] { forward(o); }, {"'alpha'", "must be in [0, 1]"});
+  }
+  for (double bad : {0.0, -1.0, double(INFINITY), std::nan(""), 1e-300}) {
+    tlse::DistillationOptions o;
+    o.temperature = bad;
+    expect_rejected([&] { forward(o); }, {"'temperature'", "finite and > 0"});
+  }
+  tlse::DistillationOptions o;
+  o.shift = -2;
+  expect_rejected([&] { forward(o); }, {"'shift'", "-2"});
+  o = {};
+  o.ignore_index = 4;
+  expect_rejected([&] { forward(o); }, {"'ignore_index'", "4"});
+  untouched();
+}
+
+TEST_F(DistillFixture, AlphaWithoutTargets) {
+  tlse::DistillationOptions o;
+  o.alpha = 0.5;
+  expect_rejected([&] { forward(Hs, Ws, Ht, Wt, C::IndexView(), o); }, {"'targets'", "empty", "alpha = 0.5"});
+  untouched();
+}
+
+TEST_F(DistillFixture, TargetsOutOfRangeOrOfWrongLength) {
+  Kokkos::deep_copy(Kokkos::subview(targets, 6), 20);
+  expect_rejected([&] { forward(); }, {"'targets'", "targets[6] = 20", "[0, 20)"});
+  expect_rejected([&] { backward(); }, {"tlse::distillation_loss_backward", "targets[6] = 20"});
+  C::IndexView t9("t9", N - 1);
+  expect_rejected([&] { forward(Hs, Ws, Ht, Wt, t9); }, {"'targets'", "extent 9", "10"});
+  untouched();
+}
+
+TEST_F(DistillFixture, OutputsOfWrongShape) {
+  tlse::DistillationOptions o;
+  o.reduction = tlse::Reduction::none;
+  expect_rejected([&] { forward(o); }, {"'loss'", "extent 1", "Reduction::none"});
+  expect_rejected([&] { backward(o); }, {"'dloss'", "extent 1", "Reduction::none"});
+  Kokkos::View<float**, Kokkos::LayoutRight, C::Mem> stats4("stats4", N, 4), stats9("stats9", N - 1, 5);
+  expect_rejected([&] { tlse::distillation_loss(Exec(), Hs, Ws, Ht, Wt, targets, loss, stats4); },
+                  {"'row_stats'", "extent 4", "distillation_row_stats"});
+  expect_rejected([&] { tlse::distillation_loss(Exec(), Hs, Ws, Ht, Wt, targets, loss, stats9); },
+                  {"'row_stats'", "extent 9", "10"});
+  expect_rejected(
+      [&] { tlse::distillation_loss_backward(Exec(), Hs, Ws, Ht, Wt, targets, stats4, dloss, dHs, dWs, dHt, dWt); },
+      {"tlse::distillation_loss_backward", "'row_stats'", "extent 4"});
+  C::MatrixView dWt_short("dWt_short", V, Dt - 1);
+  expect_rejected(
+      [&] {
+        tlse::distillation_loss_backward(Exec(), Hs, Ws, Ht, Wt, targets, stats, dloss, dHs, dWs, dHt, dWt_short);
+      },
+      {"'dWt'", "extent 8", "9"});
+  untouched();
+}
+
+TEST_F(DistillFixture, WorkspaceTooSmall) {
+  tlse::DistillationOptions o;
+  std::vector<char> small(64);
+  o.workspace = {small.data(), small.size()};
+  expect_rejected([&] { forward(o); }, {"'workspace'", "holds 64 bytes", "needs"});
+  expect_rejected([&] { backward(o); }, {"'workspace'", "holds 64 bytes", "needs"});
+  untouched();
+  std::vector<char> ws(tlse::distillation_loss_workspace_bytes(Exec(), Hs, Ws, Ht, Wt, o));
+  o.workspace = {ws.data(), ws.size()};
+  forward(o);  // enough: runs
+  backward(o);
+}
+
+TEST_F(DistillFixture, NonFiniteInputsDetected) {
+  tlse::DistillationOptions o;
+  o.non_finite = tlse::NonFinite::detect;
+  Kokkos::deep_copy(Kokkos::subview(Wt, 3, 2), NAN);
+  expect_rejected([&] { forward(o); }, {"'Wt'", "row 3, column 2", "NonFinite::detect"});
+  expect_rejected([&] { backward(o); }, {"'Wt'", "row 3, column 2"});
+  untouched();
+}
+
 }  // namespace

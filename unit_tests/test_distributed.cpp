@@ -7,6 +7,7 @@
 // what the distributed computation rounds in addition: each of the `size` online merges of a
 // partial LSE adds 4u (|lse| + 1), and each partial gradient that is rounded to the output type
 // before joining its (Acc) accumulator adds u_out times its magnitude (u_out * mag in total).
+#include "distillation_reference.hpp"
 #include "test_support.hpp"
 
 #include <tlse/distributed.hpp>
@@ -318,6 +319,74 @@ struct Distributed : ::testing::Test {
         });
     });
   }
+
+  /// Vocabulary-parallel distillation forward + backward, both heads' classifiers split by `split`
+  /// rows per rank, against the single-device call on the whole vocabulary.
+  void distillation(std::mt19937_64& rng, std::int64_t N, const std::vector<std::int64_t>& split, std::int64_t Ds,
+                    std::int64_t Dt, tlse::DistillationOptions o, bool with_targets, bool teacher_grads) {
+    const std::int64_t V = std::accumulate(split.begin(), split.end(), std::int64_t(0));
+    const std::int64_t vr = split[rank], voff = offset_of(split, rank);
+    const Matrix Hs = random_matrix<T>(rng, N, Ds), Ws = random_matrix<T>(rng, V, Ds, 3.0 / std::sqrt(double(Ds)));
+    const Matrix Ht = random_matrix<T>(rng, N, Dt), Wt = random_matrix<T>(rng, V, Dt, 3.0 / std::sqrt(double(Dt)));
+    std::vector<std::int64_t> targets;
+    if (with_targets)
+      for (std::int64_t i = 0; i < N; ++i) targets.push_back(rng() % 5 == 0 ? o.ignore_index : std::int64_t(rng() % V));
+    const bool none = o.reduction == tlse::Reduction::none;
+    std::vector<double> dloss(none ? N : 1);
+    for (auto& d : dloss) d = representable<Acc>(double(rng() % 100) / 50 - 0.9);
+    const auto ref = distillation_reference(Hs, Ws, Ht, Wt, targets, o, dloss);
+    using Stats = Kokkos::View<Acc**, Kokkos::LayoutRight, typename C::Mem>;
+
+    auto Hsd = to_device<C>(Hs), Htd = to_device<C>(Ht);
+    auto tg = index_to_device<typename C::IndexView>(targets);
+    auto dl = vector_to_device<typename C::AccView>(dloss);
+    typename C::AccView loss1("loss", none ? N : 1);
+    Stats stats1("row_stats", N, tlse::distillation_row_stats);
+    typename C::MatrixView dHs1("dHs", N, Ds), dWs1("dWs", V, Ds), dHt1("dHt", N, Dt), dWt1("dWt", V, Dt);
+    auto Wsg = to_device<C>(Ws), Wtg = to_device<C>(Wt);
+    tlse::distillation_loss(exec, Hsd, Wsg, Htd, Wtg, tg, loss1, stats1, o);
+    tlse::distillation_loss_backward(exec, Hsd, Wsg, Htd, Wtg, tg, stats1, dl, dHs1, dWs1, dHt1, dWt1, o);
+
+    auto Wsl = to_device<C>(rows_of(Ws, voff, vr)), Wtl = to_device<C>(rows_of(Wt, voff, vr));
+    for_each_comm(exec, [&](const auto& comm) {
+      typename C::AccView loss("loss", none ? N : 1);
+      Stats stats("row_stats", N, tlse::distillation_row_stats);
+      typename C::MatrixView dHs("dHs", N, Ds), dWs("dWs", vr, Ds);
+      typename C::MatrixView dHt("dHt", teacher_grads ? N : 0, Dt), dWt("dWt", teacher_grads ? vr : 0, Dt);
+      tlse::distributed::distillation_loss(comm, Hsd, Wsl, Htd, Wtl, tg, loss, stats, o);
+      tlse::distributed::distillation_loss_backward(comm, Hsd, Wsl, Htd, Wtl, tg, stats, dl, dHs, dWs, dHt, dWt, o);
+
+      // Both results within the model of test_distillation.cpp; the shards' LSE merges add 4 u
+      // (|lse| + 1) each.
+      const double s = std::max(1.0 / o.temperature, o.alpha > 0 ? 1.0 : 0.0);
+      Tolerance<T> tol_s(Hs, Ws, s), tol_t(Ht, Wt, 1.0 / o.temperature);
+      Tolerance<T> tol = tol_s.delta > tol_t.delta ? tol_s : tol_t;
+      const double lse_error = tol.lse(ref.lse_max, V) + 4 * tol.u * size * (ref.lse_max + 1);
+      const double per_term = 4 * tol.delta + 8 * (tol.u + tol.U_REF) * std::sqrt(double(V) + 1) + 2 * lse_error;
+      if (none)
+        expect_close("loss", to_host(loss), to_host(loss1),
+                     [&](std::size_t i) { return 2 * per_term * ref.row_mag[i] + 1e-30; });
+      else
+        expect_close("loss", to_host(loss), to_host(loss1), [&](std::size_t) {
+          return 2 * per_term * ref.loss_mag + 8 * tol.u * std::fabs(ref.loss) * std::sqrt(double(N) + 1) + 1e-30;
+        });
+      const auto rows = [&](const Matrix& r, const Matrix& mag, std::int64_t n) {
+        return [&, n](std::size_t k) { return 2 * tol.grad(r.v[k], mag.v[k], n, 2 * lse_error) + 1e-30; };
+      };
+      const auto shard = [&](const Matrix& r, const Matrix& mag, std::int64_t D) {
+        return [&, D](std::size_t k) {
+          const std::size_t gk = voff * D + k;
+          return 2 * tol.grad(r.v[gk], mag.v[gk], N, 2 * lse_error) + 1e-30;
+        };
+      };
+      expect_close("dHs", to_host(dHs), to_host(dHs1), rows(ref.dHs, ref.dHs_mag, V));
+      expect_close("dWs", to_host(dWs), slice(to_host(dWs1), voff, vr, Ds), shard(ref.dWs, ref.dWs_mag, Ds));
+      if (teacher_grads) {
+        expect_close("dHt", to_host(dHt), to_host(dHt1), rows(ref.dHt, ref.dHt_mag, V));
+        expect_close("dWt", to_host(dWt), slice(to_host(dWt1), voff, vr, Dt), shard(ref.dWt, ref.dWt_mag, Dt));
+      }
+    });
+  }
 };
 TYPED_TEST_SUITE(Distributed, TLSE_TEST_CONFIGS, ConfigName);
 
@@ -421,6 +490,45 @@ TYPED_TEST(Distributed, CrossEntropySumFilteredZLoss) {
 // Plain checks that need no dtype sweep, on the default execution space.
 using Default = Kokkos::DefaultExecutionSpace;
 using DefaultConfig = Config<Default, float>;
+
+TYPED_TEST(Distributed, DistillationVocabularyShards) {
+  TLSE_SHARED_SEED(rng);
+  for (auto d : {tlse::Divergence::forward_kl, tlse::Divergence::reverse_kl, tlse::Divergence::jsd}) {
+    tlse::DistillationOptions o;
+    o.divergence = d;
+    o.beta = 0.3;
+    o.temperature = 2.0;
+    o.alpha = 0.5;
+    o.shift = 1;
+    this->distillation(rng, 45, uneven_split(77, this->size, false), 19, 33, o, true, true);
+  }
+}
+
+TYPED_TEST(Distributed, DistillationEmptyRankNoTargetsFrozenTeacher) {
+  TLSE_SHARED_SEED(rng);
+  tlse::DistillationOptions o;
+  o.divergence = tlse::Divergence::jsd;
+  o.reduction = tlse::Reduction::none;
+  o.temperature = 0.5;
+  this->distillation(rng, 33, uneven_split(70, this->size, true), 16, 8, o, false, false);
+  o.reduction = tlse::Reduction::sum;
+  o.accumulate = true;  // onto zeros: the same values
+  this->distillation(rng, 33, uneven_split(70, this->size, true), 16, 8, o, true, true);
+}
+
+TEST(DistributedErrors, DistillationVocabularySplitsMustMatch) {
+  using C = DefaultConfig;
+  Default exec;
+  MpiCommunicator<Default> comm(exec, MPI_COMM_WORLD);
+  C::MatrixView Hs("Hs", 4, 3), Ws("Ws", 5, 3), Ht("Ht", 4, 2), Wt("Wt", comm.rank() == 0 ? 6 : 5, 2);
+  C::AccView loss("loss", 1);
+  Kokkos::View<C::Acc**, Kokkos::LayoutRight, C::Mem> stats("stats", 4, tlse::distillation_row_stats);
+  const auto [msg, same] = collective_error(
+      [&] { tlse::distributed::distillation_loss(comm, Hs, Ws, Ht, Wt, C::IndexView(), loss, stats); });
+  EXPECT_TRUE(same) << msg;
+  EXPECT_NE(msg.find("'Wt'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("on rank 0"), std::string::npos) << msg;
+}
 
 TEST(DistributedRing, StepSendsToTheNextRank) {
   Default exec;

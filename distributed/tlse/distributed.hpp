@@ -11,3 +11,4 @@
 #endif
 #include <tlse/distributed/contrastive_loss.hpp>
 #include <tlse/distributed/cross_entropy.hpp>
+#include <tlse/distributed/distillation_loss.hpp>

@@ -310,13 +310,7 @@ struct CrossEntropyCall {
   /// (row_losses scaled them already). `total` is one Acc of workspace.
   template <class LossV>
   void write_loss(const Acc* row_loss, Acc* total, const LossV& loss) const {
-    if (o.reduction == Reduction::none) {
-      Acc* out = loss.data();
-      Kokkos::parallel_for("tlse::cross_entropy_loss", Kokkos::RangePolicy<Exec>(exec, 0, N),
-                           KOKKOS_LAMBDA(index_t i) { out[i] = row_loss[i]; });
-    } else {
-      impl::weighted_sum(exec, row_loss, N, Acc(1), loss.data(), false, total);
-    }
+    write_row_losses(exec, o.reduction == Reduction::none, row_loss, N, loss.data(), total);
   }
 
   /// The gradient coefficients of the scored rows (by row id) for the upstream gradient dloss

@@ -64,4 +64,46 @@ KOKKOS_INLINE_FUNCTION void dot_tile(const Member& member, const Side<T>& P, ind
   }
 }
 
+/// acc[o * depth + k] += sum_x G[o * SLD + x] * Q[q0 + x][k] for o < TM and k < depth: a TM x TN
+/// tile G (zero outside the matrix) times the TN rows of side Q from q0 (mq of them real), the
+/// rows staged TK features at a time through sc.q. The backward's product of dL/dx with the other
+/// side's operand. Ends with a team barrier.
+template <class Tile, class Member, class T, class Acc>
+KOKKOS_INLINE_FUNCTION void add_tile_product(const Member& member, const Acc* G, const Side<T>& Q, index_t q0, int mq,
+                                             index_t depth, const DotTileScratch<Acc, Tile>& sc, Acc* acc) {
+  constexpr int TM = Tile::TM, TN = Tile::TN, TK = Tile::TK, SLD = DotTileScratch<Acc, Tile>::SLD;
+  for (index_t k0 = 0; k0 < depth; k0 += TK) {
+    const int kc = depth - k0 < TK ? int(depth - k0) : TK;
+    // The other side's tile, row-major this time: q[x * TK + k].
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TN * TK), [&](int idx) {
+      const int x = idx / TK, k = idx % TK;
+      sc.q[idx] = (x < mq && k < kc) ? to_acc<Acc>(Q.data[Q.id(q0 + x) * depth + k0 + k]) : Acc(0);
+    });
+    member.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TM * (TK / 4)), [&](int idx) {
+      const int o = idx / (TK / 4), kb = (idx % (TK / 4)) * 4;
+      Acc a[4] = {0, 0, 0, 0};
+      const Acc* g = G + o * SLD;
+      for (int x = 0; x < TN; ++x)
+        for (int u = 0; u < 4; ++u) a[u] += g[x] * sc.q[x * TK + kb + u];
+      for (int u = 0; u < 4; ++u)
+        if (kb + u < kc) acc[o * depth + k0 + kb + u] += a[u];
+    });
+    member.team_barrier();
+  }
+}
+
+/// grad[own.id(o0 + o)][k] = acc[o * depth + k] (added to grad's value when accumulating) for the
+/// mo owned rows from o0: where a backward team writes its rows, once. G: the gradient's type
+/// (the inputs', or Acc for a partial gradient that is summed further).
+template <class Member, class T, class Acc, class G>
+KOKKOS_INLINE_FUNCTION void write_tile_rows(const Member& member, const Side<T>& own, index_t o0, int mo, index_t depth,
+                                            const Acc* acc, G* grad, bool accumulate) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, index_t(mo) * depth), [&](index_t idx) {
+    const index_t o = idx / depth, k = idx % depth;
+    G& out = grad[own.id(o0 + o) * depth + k];
+    out = from_acc<G>((accumulate ? to_acc<Acc>(out) : Acc(0)) + acc[idx]);
+  });
+}
+
 }  // namespace tlse::impl

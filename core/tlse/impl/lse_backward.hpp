@@ -113,32 +113,10 @@ struct BackwardTiles {
           significant);
       member.team_barrier();
       if (significant == 0 || grad == nullptr) continue;  // every thread saw the same count
-      for (index_t k0 = 0; k0 < depth; k0 += TK) {
-        const int kc = depth - k0 < TK ? int(depth - k0) : TK;
-        // The other side's tile, row-major this time: q[x * TK + k].
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TN * TK), [&](int idx) {
-          const int x = idx / TK, k = idx % TK;
-          sc.q[idx] = (x < mx && k < kc) ? to_acc<Acc>(oth.data[oth.id(x0 + x) * depth + k0 + k]) : Acc(0);
-        });
-        member.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, TM * (TK / 4)), [&](int idx) {
-          const int o = idx / (TK / 4), kb = (idx % (TK / 4)) * 4;
-          Acc a[4] = {0, 0, 0, 0};
-          const Acc* s = sc.s + o * SLD;
-          for (int x = 0; x < TN; ++x)
-            for (int u = 0; u < 4; ++u) a[u] += s[x] * sc.q[x * TK + kb + u];
-          for (int u = 0; u < 4; ++u)
-            if (kb + u < kc) acc[o * depth + k0 + kb + u] += a[u];
-        });
-        member.team_barrier();
-      }
+      add_tile_product<Tile>(member, sc.s, oth, x0, mx, depth, sc, acc);
     }
     member.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, grad ? index_t(mo) * depth : 0), [&](index_t idx) {
-      const index_t o = idx / depth, k = idx % depth;
-      T& out = grad[own.id(o0 + o) * depth + k];
-      out = from_acc<T>((accumulate ? to_acc<Acc>(out) : Acc(0)) + acc[idx]);
-    });
+    if (grad) write_tile_rows(member, own, o0, mo, depth, acc, grad, accumulate);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, mo), [&](int o) {
       if (dscale_part) dscale_part[o0 + o] = own_dscale[o];
       if (dbias) {

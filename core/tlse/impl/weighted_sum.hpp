@@ -19,4 +19,16 @@ void weighted_sum(const Exec& exec, const Acc* values, index_t n, Acc weight, Ac
       KOKKOS_LAMBDA(int) { *out = (accumulate ? *out : Acc(0)) + weight * *total; });
 }
 
+/// A loss from its per-row values: out[i] = row_loss[i] (n of them) when `per_row`, else
+/// *out = their sum (the rows were scaled by the reduction already). `total`: one Acc of workspace.
+template <class Exec, class Acc>
+void write_row_losses(const Exec& exec, bool per_row, const Acc* row_loss, index_t n, Acc* out, Acc* total) {
+  if (per_row)
+    Kokkos::parallel_for(
+        "tlse::write_row_losses", Kokkos::RangePolicy<Exec>(exec, 0, n),
+        KOKKOS_LAMBDA(index_t i) { out[i] = row_loss[i]; });
+  else
+    weighted_sum(exec, row_loss, n, Acc(1), out, false, total);
+}
+
 }  // namespace tlse::impl
