@@ -135,7 +135,7 @@ typedef enum tlse_divergence TLSE_INT_ENUM {
 } tlse_divergence;
 
 /* Values per row that tlse_distillation_loss saves for its backward (row_stats: n x this, acc type). */
-#define TLSE_DISTILLATION_ROW_STATS 4
+#define TLSE_DISTILLATION_ROW_STATS 5
 
 /** Options of the distillation calls. Start from tlse_distillation_options_default(); the fields
  * shared with tlse_cross_entropy_options mean the same there. */

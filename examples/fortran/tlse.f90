@@ -15,7 +15,7 @@ module tlse
       TLSE_DIRECTION_TEXT_TO_IMAGE = 2
   integer(c_int32_t), parameter :: TLSE_DIVERGENCE_FORWARD_KL = 0, TLSE_DIVERGENCE_REVERSE_KL = 1, &
       TLSE_DIVERGENCE_JSD = 2
-  integer, parameter :: TLSE_DISTILLATION_ROW_STATS = 4
+  integer, parameter :: TLSE_DISTILLATION_ROW_STATS = 5
 
   ! Same members, types and order as tlse_cross_entropy_options in tlse.h.
   type, bind(c) :: tlse_cross_entropy_options

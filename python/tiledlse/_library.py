@@ -22,7 +22,7 @@ SYMMETRIC, IMAGE_TO_TEXT = 0, 1
 FILTER_EPS_AUTO = -1.0
 PRECISIONS = {"exact": 0, "tf32": 1}  # tlse_precision: the products of float32 inputs
 DIVERGENCES = {"forward_kl": 0, "reverse_kl": 1, "jsd": 2}  # tlse_divergence
-DISTILLATION_ROW_STATS = 4  # TLSE_DISTILLATION_ROW_STATS: values per row the forward keeps for the backward
+DISTILLATION_ROW_STATS = 5  # TLSE_DISTILLATION_ROW_STATS: values per row the forward keeps for the backward
 
 
 class CrossEntropyOptions(ctypes.Structure):
