@@ -7,6 +7,8 @@ states and `lm_head.weight` to tiledlse.linear_cross_entropy, with the same shif
 soft cap and reduction: the same loss and gradients, and no logits in memory. Nothing here
 imports transformers at import time; the model is used through its public attributes
 (docs/python.md). tiledlse.transformers.apply builds on the same two helpers below.
+causal_lm_distillation_loss does the same for distillation: a teacher's and a student's decoders,
+their heads' weights and tiledlse.distillation_loss, without either model's logits.
 """
 import torch
 
