@@ -5,7 +5,8 @@
 // where some of the bugs were undefined behaviour only. Last, the training step in one call
 // (tlse_cross_entropy_with_gradients) against the forward and the backward, and its checks, and
 // the query of whether it runs fused (tlse_cross_entropy_step_fused); the self-similarity
-// contrastive calls against a float64 reference that materializes the logits, and their checks.
+// contrastive calls against a float64 reference that materializes the logits, and their checks;
+// the distillation calls likewise.
 #include <gtest/gtest.h>
 #include <tlse.h>
 
@@ -459,6 +460,92 @@ TEST(CApiTrainingStep, StepFusedQuery) {
   EXPECT_EQ(fused, -1);
 }
 
+/// The distillation loss of the student (Hs n x ds, Ws v x ds) and the teacher (Ht n x dt, Wt v x
+/// dt) in float64 with every logit formed, and its gradients for upstream gradients `dloss` (one
+/// per row, or one): per row, z = H W^T / T, p = softmax(z); forward KL sum_j p_t (log p_t - log
+/// p_s), reverse KL the same swapped, JSD(beta) beta KL(p_t || m) + (1 - beta) KL(p_s || m) with m
+/// = beta p_t + (1 - beta) p_s; plus alpha times the student's cross-entropy at T = 1. Row i is
+/// scored against targets[i + shift] unless that is ignore_index or past the end (or always,
+/// without targets).
+struct DistillationReference {
+  std::vector<double> loss, dHs, dWs, dHt, dWt;
+  DistillationReference(const std::vector<double>& Hs, const std::vector<double>& Ws, const std::vector<double>& Ht,
+                        const std::vector<double>& Wt, const std::vector<std::int64_t>* targets, std::int64_t n,
+                        std::int64_t v, std::int64_t ds, std::int64_t dt, const tlse_distillation_options& o,
+                        const std::vector<double>& dloss)
+      : dHs(n * ds, 0.0), dWs(v * ds, 0.0), dHt(n * dt, 0.0), dWt(v * dt, 0.0) {
+    const double beta = o.divergence == TLSE_DIVERGENCE_FORWARD_KL   ? 0.0
+                        : o.divergence == TLSE_DIVERGENCE_REVERSE_KL ? 1.0
+                                                                     : o.beta;
+    std::vector<std::int64_t> target(n, -1);  // -2: scored without a target, -1: not scored
+    std::int64_t scored = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (!targets)
+        target[i] = -2;
+      else if (i + o.shift < n && (*targets)[i + o.shift] != o.ignore_index)
+        target[i] = (*targets)[i + o.shift];
+      scored += target[i] != -1;
+    }
+    std::vector<double> rows(n, 0.0);
+    const auto log_softmax = [](std::vector<double>& z) {
+      double top = -INFINITY, sum = 0;
+      for (double x : z) top = std::max(top, x);
+      for (double x : z) sum += std::exp(x - top);
+      for (double& x : z) x -= top + std::log(sum);
+    };
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (target[i] == -1) continue;
+      std::vector<double> x(v), ls(v), lt(v);
+      for (std::int64_t j = 0; j < v; ++j) {
+        double a = 0, b = 0;
+        for (std::int64_t k = 0; k < ds; ++k) a += Hs[i * ds + k] * Ws[j * ds + k];
+        for (std::int64_t k = 0; k < dt; ++k) b += Ht[i * dt + k] * Wt[j * dt + k];
+        x[j] = a, ls[j] = a / o.temperature, lt[j] = b / o.temperature;
+      }
+      log_softmax(x), log_softmax(ls), log_softmax(lt);
+      // The divergence, and its gradients with respect to the logits z_s, z_t written as
+      // g_j - p_j sum(g): for a KL(a || b) term, g_a = p_a (log p_a - log b) and the other side's
+      // is p_b - p_a (no sum); JSD's m makes both sides of the first kind.
+      std::vector<double> gs(v, 0.0), gt(v, 0.0);
+      double div = 0, ks = 0, kt = 0;
+      for (std::int64_t j = 0; j < v; ++j) {
+        const double ps = std::exp(ls[j]), pt = std::exp(lt[j]);
+        if (beta == 0) {  // forward KL
+          gt[j] = pt > 0 ? pt * (lt[j] - ls[j]) : 0.0, gs[j] = ps - pt;
+          div += gt[j], kt += gt[j];
+        } else if (beta == 1) {  // reverse KL
+          gs[j] = ps > 0 ? ps * (ls[j] - lt[j]) : 0.0, gt[j] = pt - ps;
+          div += gs[j], ks += gs[j];
+        } else {
+          const double lm = std::log(beta * pt + (1 - beta) * ps);
+          gs[j] = ps > 0 ? (1 - beta) * ps * (ls[j] - lm) : 0.0, gt[j] = pt > 0 ? beta * pt * (lt[j] - lm) : 0.0;
+          div += gs[j] + gt[j], ks += gs[j], kt += gt[j];
+        }
+      }
+      const double ce = target[i] >= 0 ? -x[target[i]] : 0.0;
+      rows[i] = o.alpha * ce + (1 - o.alpha) * div;
+      const double g = o.reduction == TLSE_REDUCTION_NONE  ? dloss[i]
+                       : o.reduction == TLSE_REDUCTION_SUM ? dloss[0]
+                                                           : dloss[0] / double(scored);
+      for (std::int64_t j = 0; j < v; ++j) {
+        const double cs = g * (1 - o.alpha) * (gs[j] - std::exp(ls[j]) * ks) / o.temperature +
+                          (target[i] >= 0 ? g * o.alpha * (std::exp(x[j]) - (j == target[i])) : 0.0);
+        const double ct = g * (1 - o.alpha) * (gt[j] - std::exp(lt[j]) * kt) / o.temperature;
+        for (std::int64_t k = 0; k < ds; ++k)
+          dHs[i * ds + k] += cs * Ws[j * ds + k], dWs[j * ds + k] += cs * Hs[i * ds + k];
+        for (std::int64_t k = 0; k < dt; ++k)
+          dHt[i * dt + k] += ct * Wt[j * dt + k], dWt[j * dt + k] += ct * Ht[i * dt + k];
+      }
+    }
+    double total = 0;
+    for (double r : rows) total += r;
+    if (o.reduction == TLSE_REDUCTION_NONE)
+      loss = rows;
+    else
+      loss = {o.reduction == TLSE_REDUCTION_SUM ? total : scored ? total / double(scored) : 0.0};
+  }
+};
+
 /// The self-similarity (NT-Xent) loss of Z (n x c, n even) in float64 with every logit formed:
 /// x_ij = scale Z_i . Z_j for j != i, loss = mean_i lse_i - x_{i,(i+n/2) mod n}. Its gradient with
 /// respect to x is G_ij = (p_ij - [j = positive of i]) / n; dZ = scale (G + G^T) Z and dscale =
@@ -610,6 +697,190 @@ TEST(CApiSelfContrastive, BadInputFailsBeforeAnyWrite) {
   EXPECT_EQ(forward(n, Z.data(), loss.data(), lse.data()), TLSE_SUCCESS) << tlse_last_error();
   EXPECT_EQ(backward(n, lse.data(), dZ.data()), TLSE_SUCCESS) << tlse_last_error();
   EXPECT_NE(dZ[0], -1.0);
+}
+
+/// Forward then backward of the distillation loss through the C API in float (T = float) or
+/// double, with a lent workspace, then the backward again with `accumulate`, against the float64
+/// reference on inputs drawn per run (exactly representable in T). Tolerances as
+/// check_self_contrastive's.
+template <class T>
+void check_distillation(std::int64_t n, std::int64_t v, std::int64_t ds, std::int64_t dt, tlse_distillation_options o,
+                        bool with_targets) {
+  const tlse_dtype dtype = sizeof(T) == 8 ? TLSE_F64 : TLSE_F32;
+  const double tolerance = sizeof(T) == 8 ? 0x1p-40 : 0x1p-17;
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const auto draw = [&](std::int64_t count) {
+    std::vector<double> x(count);
+    for (double& e : x) e = double(T(normal(rng)));
+    return x;
+  };
+  const std::vector<double> Hs64 = draw(n * ds), Ws64 = draw(v * ds), Ht64 = draw(n * dt), Wt64 = draw(v * dt);
+  const std::vector<T> Hs(Hs64.begin(), Hs64.end()), Ws(Ws64.begin(), Ws64.end()), Ht(Ht64.begin(), Ht64.end()),
+      Wt(Wt64.begin(), Wt64.end());
+  std::vector<std::int64_t> targets(n);
+  for (std::int64_t i = 0; i < n; ++i) targets[i] = i % 4 == 1 ? o.ignore_index : (7 * i + 3) % v;
+  const std::int64_t losses = o.reduction == TLSE_REDUCTION_NONE ? n : 1;
+  std::vector<double> dloss64(losses);
+  for (std::int64_t i = 0; i < losses; ++i) dloss64[i] = 0.75 + 0.125 * double(i % 5);
+  const std::vector<T> dloss(dloss64.begin(), dloss64.end());
+  const DistillationReference ref(Hs64, Ws64, Ht64, Wt64, with_targets ? &targets : nullptr, n, v, ds, dt, o, dloss64);
+  const std::int64_t* t = with_targets ? targets.data() : nullptr;
+
+  std::size_t bytes = 0;
+  ASSERT_EQ(
+      tlse_distillation_loss_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, &o, &bytes),
+      TLSE_SUCCESS)
+      << tlse_last_error();
+  std::vector<char> arena(bytes + 64);
+  o.workspace = arena.data(), o.workspace_bytes = arena.size();
+  std::vector<T> loss(losses, T(-1)), stats(n * TLSE_DISTILLATION_ROW_STATS, T(-1));
+  std::vector<T> dHs(n * ds, T(-1)), dWs(v * ds, T(-1)), dHt(n * dt, T(-1)), dWt(v * dt, T(-1));
+  ASSERT_EQ(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, Hs.data(), Ws.data(),
+                                   Ht.data(), Wt.data(), t, loss.data(), stats.data(), &o),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  expect_near_all("loss", loss, ref.loss, tolerance);
+  ASSERT_EQ(tlse_distillation_loss_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, Hs.data(),
+                                            Ws.data(), Ht.data(), Wt.data(), t, stats.data(), dloss.data(), dHs.data(),
+                                            dWs.data(), dHt.data(), dWt.data(), &o),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  expect_near_all("dHs", dHs, ref.dHs, tolerance);
+  expect_near_all("dWs", dWs, ref.dWs, tolerance);
+  expect_near_all("dHt", dHt, ref.dHt, tolerance);
+  expect_near_all("dWt", dWt, ref.dWt, tolerance);
+
+  // accumulate adds to what the gradients hold; the internal workspace (NULL) gives the same. The
+  // teacher frozen: dHt and dWt NULL, left as they were.
+  o.accumulate = 1, o.workspace = nullptr, o.workspace_bytes = 0;
+  const std::vector<T> dHt_before = dHt;
+  ASSERT_EQ(tlse_distillation_loss_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, Hs.data(),
+                                            Ws.data(), Ht.data(), Wt.data(), t, stats.data(), dloss.data(), dHs.data(),
+                                            dWs.data(), nullptr, nullptr, &o),
+            TLSE_SUCCESS)
+      << tlse_last_error();
+  std::vector<double> twice_dHs(ref.dHs), twice_dWs(ref.dWs);
+  for (double& x : twice_dHs) x *= 2;
+  for (double& x : twice_dWs) x *= 2;
+  expect_near_all("accumulated dHs", dHs, twice_dHs, tolerance);
+  expect_near_all("accumulated dWs", dWs, twice_dWs, tolerance);
+  EXPECT_EQ(dHt, dHt_before);
+}
+
+TEST(CApiDistillation, MatchesAFloat64Reference) {
+  tlse_distillation_options o;
+  tlse_distillation_options_default(&o);
+  EXPECT_EQ(o.divergence, TLSE_DIVERGENCE_FORWARD_KL);
+  EXPECT_EQ(o.reduction, TLSE_REDUCTION_MEAN);
+  EXPECT_EQ(o.beta, 0.5);
+  EXPECT_EQ(o.temperature, 1.0);
+  EXPECT_EQ(o.alpha, 0.0);
+  EXPECT_EQ(o.ignore_index, -100);
+  // 37 rows, 53 classes, depths 19 and 11: no multiples of the host's 32-wide tiles.
+  for (std::int32_t divergence : {TLSE_DIVERGENCE_FORWARD_KL, TLSE_DIVERGENCE_REVERSE_KL, TLSE_DIVERGENCE_JSD})
+    for (double temperature : {0.5, 3.0}) {
+      SCOPED_TRACE("divergence " + std::to_string(divergence) + ", temperature " + std::to_string(temperature));
+      tlse_distillation_options_default(&o);
+      o.divergence = divergence, o.temperature = temperature, o.beta = 0.3;
+      check_distillation<double>(37, 53, 19, 11, o, true);
+      check_distillation<float>(37, 53, 19, 11, o, true);
+      o.alpha = 0.4, o.shift = 1, o.reduction = TLSE_REDUCTION_NONE;
+      check_distillation<double>(37, 53, 19, 11, o, true);
+      o.reduction = TLSE_REDUCTION_SUM;
+      check_distillation<float>(37, 53, 19, 11, o, true);
+      o.alpha = 0, o.shift = 0, o.reduction = TLSE_REDUCTION_MEAN;
+      check_distillation<double>(37, 53, 19, 11, o, false);  // no targets: every row scored
+    }
+  for (double beta : {0.0, 1.0}) {  // JSD's ends: the forward and the reverse KL
+    SCOPED_TRACE("JSD beta " + std::to_string(beta));
+    tlse_distillation_options_default(&o);
+    o.divergence = TLSE_DIVERGENCE_JSD, o.beta = beta, o.temperature = 2.0;
+    check_distillation<double>(9, 40, 5, 7, o, true);
+  }
+}
+
+TEST(CApiDistillation, BadInputFailsBeforeAnyWrite) {
+  constexpr std::int64_t n = 6, v = 5, ds = 3, dt = 4;
+  std::vector<double> Hs(n * ds, 0.25), Ws(v * ds, -0.5), Ht(n * dt, 0.5), Wt(v * dt, 0.125);
+  std::vector<std::int64_t> targets(n, 2);
+  std::vector<double> loss(n, -1.0), stats(n * TLSE_DISTILLATION_ROW_STATS, -1.0), dloss(n, 1.0);
+  std::vector<double> dHs(n * ds, -1.0), dWs(v * ds, -1.0), dHt(n * dt, -1.0), dWt(v * dt, -1.0);
+  tlse_distillation_options o;
+  tlse_distillation_options_default(&o);
+  const auto forward = [&](std::int64_t rows = 6, const void* hs = nullptr, void* loss_at = nullptr,
+                           const std::int64_t* t = nullptr) {
+    return tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, rows, v, ds, dt, hs ? hs : Hs.data(),
+                                  Ws.data(), Ht.data(), Wt.data(), t ? t : targets.data(),
+                                  loss_at ? loss_at : loss.data(), stats.data(), &o);
+  };
+  const auto backward = [&](const void* stats_at, void* dhs_at, const void* dloss_at = nullptr) {
+    return tlse_distillation_loss_backward(
+        context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(), Ws.data(), Ht.data(), Wt.data(),
+        targets.data(), stats_at, dloss_at ? dloss_at : dloss.data(), dhs_at, dWs.data(), dHt.data(), dWt.data(), &o);
+  };
+  expect_invalid(forward(-1), {"tlse_distillation_loss: argument 'n' must be >= 0, got -1"});
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, nullptr,
+                                        Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), nullptr, &o),
+                 {"argument 'Hs' is NULL but has 18 elements"});
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
+                                        Ws.data(), Ht.data(), nullptr, nullptr, loss.data(), nullptr, &o),
+                 {"argument 'Wt' is NULL but has 20 elements"});
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
+                                        Ws.data(), Ht.data(), Wt.data(), nullptr, nullptr, nullptr, &o),
+                 {"argument 'loss' is NULL but has 1 elements"});
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
+                                        Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), nullptr, &o),
+                 {"tlse_distillation_loss: argument 'row_stats' is NULL but has"});
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, static_cast<tlse_dtype>(8), n, v, ds, dt,
+                                        Hs.data(), Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), nullptr, &o),
+                 {"argument 'dtype' is 8"});
+  expect_invalid(forward(n, nullptr, Hs.data() + 1), {"argument 'loss' overlaps argument 'Hs'"});
+  expect_invalid(backward(nullptr, dHs.data()), {"tlse_distillation_loss_backward: argument 'row_stats' is NULL"});
+  expect_invalid(backward(stats.data(), Hs.data()), {"argument 'dHs' overlaps argument 'Hs'"});
+  std::vector<double> raw(n * ds + 1);
+  expect_invalid(backward(stats.data(), reinterpret_cast<char*>(raw.data()) + 4),
+                 {"argument 'dHs' is at address", "not a multiple of 8 bytes"});
+  o.divergence = 3;
+  expect_invalid(forward(), {"argument 'options.divergence' is 3, not a tlse_divergence"});
+  o.divergence = TLSE_DIVERGENCE_JSD, o.reduction = -1;
+  expect_invalid(forward(), {"argument 'options.reduction' is -1, not a tlse_reduction"});
+  o.reduction = TLSE_REDUCTION_NONE;
+  // The C++ layer's checks, named as the core names them.
+  o.beta = 1.5;
+  expect_invalid(forward(), {"distillation_loss", "'beta'", "1.5"});
+  o.beta = 0.5, o.temperature = 0;
+  expect_invalid(forward(), {"distillation_loss", "'temperature'"});
+  o.temperature = -2;
+  expect_invalid(backward(stats.data(), dHs.data()), {"distillation_loss_backward", "'temperature'"});
+  o.temperature = 1, o.alpha = 1.5;
+  expect_invalid(forward(), {"distillation_loss", "'alpha'", "1.5"});
+  o.alpha = 0.5;
+  expect_invalid(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(),
+                                        Ws.data(), Ht.data(), Wt.data(), nullptr, loss.data(), stats.data(), &o),
+                 {"distillation_loss", "'targets'", "alpha"});
+  o.alpha = 0, o.shift = -1;
+  expect_invalid(forward(), {"distillation_loss", "'shift'"});
+  o.shift = 0;
+  targets[4] = v;
+  expect_invalid(forward(), {"distillation_loss", "targets[4] = 5"});
+  targets[4] = 2;
+  std::size_t need = 0;
+  ASSERT_EQ(
+      tlse_distillation_loss_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, &o, &need),
+      TLSE_SUCCESS)
+      << tlse_last_error();
+  expect_invalid(
+      tlse_distillation_loss_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, -3, dt, &o, &need),
+      {"tlse_distillation_loss_workspace_bytes: argument 'd_s' must be >= 0, got -3"});
+  expect_invalid(
+      tlse_distillation_loss_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, &o, nullptr),
+      {"argument 'bytes' is NULL"});
+  for (const auto* out : {&loss, &stats, &dHs, &dWs, &dHt, &dWt})
+    for (double x : *out) EXPECT_EQ(x, -1.0);
+  EXPECT_EQ(forward(), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_EQ(backward(stats.data(), dHs.data()), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_NE(dHs[0], -1.0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-/* TiledLSE C API (C99). Log-sum-exp losses over implicit matrices: the CLIP contrastive loss
- * and cut cross-entropy, forward and backward, on raw pointers with explicit shapes.
+/* TiledLSE C API (C99). Log-sum-exp losses over implicit matrices: the CLIP contrastive loss,
+ * cut cross-entropy and distillation's divergences between a teacher's and a student's softmax,
+ * forward and backward, on raw pointers with explicit shapes.
  *
  * Conventions (docs/c_api.md has the full reference):
  * - Every function returns a tlse_status; on failure tlse_last_error() gives a message naming
@@ -12,7 +13,7 @@
  *   Optional arguments are NULL. A NULL output gradient is not computed. Each array is aligned to
  *   the size of its elements, and an array a call writes shares no byte with any other argument
  *   (the workspace included).
- * - Sizes (n, v, d, b, c) are at most 2^31 - 1: rows, classes and features are indexed with
+ * - Sizes (n, v, d, d_s, d_t, b, c) are at most 2^31 - 1: rows, classes and features are indexed with
  *   32-bit integers.
  * - On CUDA, work is enqueued on `stream` (a cudaStream_t; NULL: the legacy default stream) and
  *   a call may return before it finishes; synchronize the stream before reading the outputs.
@@ -125,6 +126,37 @@ typedef struct tlse_contrastive_options {
   uint64_t memory_budget;    /**< as tlse_cross_entropy_options.memory_budget */
 } tlse_contrastive_options;
 
+/* The divergence of the distillation calls (options.divergence), between the teacher's softmax
+ * p_t and the student's p_s over the same vocabulary (docs/c_api.md). */
+typedef enum tlse_divergence TLSE_INT_ENUM {
+  TLSE_DIVERGENCE_FORWARD_KL = 0, /* KL(p_t || p_s) = sum_j p_t,j (log p_t,j - log p_s,j) */
+  TLSE_DIVERGENCE_REVERSE_KL = 1, /* KL(p_s || p_t) */
+  TLSE_DIVERGENCE_JSD = 2         /* beta KL(p_t || m) + (1 - beta) KL(p_s || m), m = beta p_t + (1 - beta) p_s */
+} tlse_divergence;
+
+/* Values per row that tlse_distillation_loss saves for its backward (row_stats: n x this, acc type). */
+#define TLSE_DISTILLATION_ROW_STATS 5
+
+/** Options of the distillation calls. Start from tlse_distillation_options_default(); the fields
+ * shared with tlse_cross_entropy_options mean the same there. */
+typedef struct tlse_distillation_options {
+  int32_t divergence;        /**< tlse_divergence; default TLSE_DIVERGENCE_FORWARD_KL */
+  int32_t reduction;         /**< tlse_reduction; default TLSE_REDUCTION_MEAN (over the scored rows) */
+  double beta;               /**< TLSE_DIVERGENCE_JSD's mixing weight of the teacher, in [0, 1] (0 and 1: the forward
+                                and the reverse KL); default 0.5 */
+  double temperature;        /**< both logits are divided by it, finite and > 0; the divergence is not multiplied
+                                by temperature^2; default 1 */
+  double alpha;              /**< weight of the student's hard-label cross-entropy (on its logits at temperature 1)
+                                in [0, 1]: row loss = alpha CE + (1 - alpha) divergence; > 0 needs targets; default 0 */
+  int64_t ignore_index;      /**< rows whose target equals it are not scored; default -100 */
+  int64_t shift;             /**< row i is scored against targets[i + shift]; last `shift` rows not scored; default 0 */
+  int32_t accumulate;        /**< backward: 1 adds into dHs, dWs, dHt, dWt instead of overwriting; default 0 */
+  int32_t detect_non_finite; /**< 1: scan inputs for NaN/Inf first and fail naming them; default 0 */
+  void* workspace;           /**< NULL (default): allocated and freed by each call; else see *_workspace_bytes */
+  size_t workspace_bytes;    /**< bytes at workspace (with a workspace) */
+  uint64_t memory_budget;    /**< as tlse_cross_entropy_options.memory_budget; 0 (default): 256 MiB */
+} tlse_distillation_options;
+
 typedef struct tlse_context tlse_context;
 
 /* ---- Library and context ---------------------------------------------------------------- */
@@ -159,6 +191,7 @@ TLSE_API tlse_status tlse_context_cuda_device(const tlse_context* context, int* 
 
 TLSE_API void tlse_cross_entropy_options_default(tlse_cross_entropy_options* options);
 TLSE_API void tlse_contrastive_options_default(tlse_contrastive_options* options);
+TLSE_API void tlse_distillation_options_default(tlse_distillation_options* options);
 
 /* ---- Cut cross-entropy: loss_i = lse_i(C E_i + bias) - (C E_i + bias)_{targets[i+shift]} ---- */
 
@@ -277,6 +310,36 @@ TLSE_API tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_
                                                     tlse_dtype dtype, int64_t n, int64_t c, const void* Z,
                                                     const void* lse, const void* dloss, void* dZ, void* dscale,
                                                     const tlse_contrastive_options* options);
+
+/* ---- Distillation: a divergence between a teacher's and a student's softmax over one vocabulary ----
+ * Row i's logits are z_s = Hs_i Ws^T / temperature (student) and z_t = Ht_i Wt^T / temperature
+ * (teacher); its loss is alpha CE_i + (1 - alpha) divergence(p_t, p_s), CE_i the student's
+ * cross-entropy against targets[i + shift] on Hs_i Ws^T. Hs: n x d_s, Ws: v x d_s, Ht: n x d_t,
+ * Wt: v x d_t (dtype; the hidden sizes may differ, the vocabulary is the same); targets: n
+ * (int64) or NULL (every row scored; alpha must be 0). No logits are stored: the forward keeps
+ * TLSE_DISTILLATION_ROW_STATS values per row for the backward, which recomputes the rest. */
+
+TLSE_API tlse_status tlse_distillation_loss_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                                            tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s,
+                                                            int64_t d_t, const tlse_distillation_options* options,
+                                                            size_t* bytes);
+
+/* Outputs: loss: n (TLSE_REDUCTION_NONE) or 1 (acc type); row_stats: n x TLSE_DISTILLATION_ROW_STATS
+ * (acc type): what the backward needs, written by every forward. options: NULL for the defaults. */
+TLSE_API tlse_status tlse_distillation_loss(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                            int64_t n, int64_t v, int64_t d_s, int64_t d_t, const void* Hs,
+                                            const void* Ws, const void* Ht, const void* Wt, const int64_t* targets,
+                                            void* loss, void* row_stats, const tlse_distillation_options* options);
+
+/* Takes the forward's inputs and row_stats, and dloss shaped like the forward's loss. Writes dHs
+ * (n x d_s), dWs (v x d_s), dHt (n x d_t), dWt (v x d_t); any may be NULL (not computed: a frozen
+ * teacher passes NULL for dHt and dWt). */
+TLSE_API tlse_status tlse_distillation_loss_backward(tlse_context* context, tlse_device device, void* stream,
+                                                     tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                                     const void* Hs, const void* Ws, const void* Ht, const void* Wt,
+                                                     const int64_t* targets, const void* row_stats, const void* dloss,
+                                                     void* dHs, void* dWs, void* dHt, void* dWt,
+                                                     const tlse_distillation_options* options);
 
 /* ---- Distributed calls: the caller's communicator, as callbacks --------------------------- */
 

@@ -7,6 +7,7 @@
 
 #include <tlse/contrastive_loss.hpp>
 #include <tlse/cross_entropy.hpp>
+#include <tlse/distillation_loss.hpp>
 #include <tlse/distributed/callback_communicator.hpp>
 
 #include <cstddef>
@@ -82,6 +83,21 @@ struct SelfContrastiveArgs {
   ContrastiveOptions options;
 };
 
+/// The arguments of a distillation call: the student's Hs (n x d_s) and Ws (v x d_s), the
+/// teacher's Ht (n x d_t) and Wt (v x d_t).
+struct DistillationArgs {
+  std::int64_t n = 0, v = 0, d_s = 0, d_t = 0;
+  const void *Hs = nullptr, *Ws = nullptr, *Ht = nullptr, *Wt = nullptr;
+  const std::int64_t* targets = nullptr;
+  void *loss = nullptr, *row_stats_out = nullptr;                       // forward outputs
+  const void *row_stats = nullptr, *dloss = nullptr;                    // backward inputs
+  void *dHs = nullptr, *dWs = nullptr, *dHt = nullptr, *dWt = nullptr;  // backward outputs
+  DistillationOptions options;
+
+  /// Elements of loss and dloss: one per row under Reduction::none, else one.
+  std::int64_t loss_size() const { return options.reduction == Reduction::none ? n : 1; }
+};
+
 template <class T>
 std::size_t cross_entropy_workspace(const Launch&, const CrossEntropyArgs&);
 template <class T>
@@ -105,6 +121,13 @@ template <class T>
 void self_contrastive_forward(const Launch &, const SelfContrastiveArgs &);
 template <class T>
 void self_contrastive_backward(const Launch &, const SelfContrastiveArgs &);
+
+template <class T>
+std::size_t distillation_workspace(const Launch&, const DistillationArgs&);
+template <class T>
+void distillation_forward(const Launch&, const DistillationArgs&);
+template <class T>
+void distillation_backward(const Launch&, const DistillationArgs&);
 
 // The distributed calls take the same arguments (vocab_order and the workspace unused) and the
 // caller's communicator.

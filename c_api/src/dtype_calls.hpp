@@ -163,6 +163,42 @@ void self_contrastive_backward(const Launch& l, const SelfContrastiveArgs& a) {
 }
 
 template <class T>
+std::size_t distillation_workspace(const Launch& l, const DistillationArgs& a) {
+  std::size_t bytes = 0;
+  on_exec(l, [&](const auto& exec) {
+    using Exec = std::decay_t<decltype(exec)>;
+    bytes = tlse::distillation_loss_workspace_bytes(
+        exec, Matrix<const T, Exec>(nullptr, a.n, a.d_s), Matrix<const T, Exec>(nullptr, a.v, a.d_s),
+        Matrix<const T, Exec>(nullptr, a.n, a.d_t), Matrix<const T, Exec>(nullptr, a.v, a.d_t), a.options);
+  });
+  return bytes;
+}
+
+template <class T>
+void distillation_forward(const Launch& l, const DistillationArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::distillation_loss(exec, mat<const T>(exec, a.Hs, a.n, a.d_s), mat<const T>(exec, a.Ws, a.v, a.d_s),
+                            mat<const T>(exec, a.Ht, a.n, a.d_t), mat<const T>(exec, a.Wt, a.v, a.d_t),
+                            vec<const std::int64_t>(exec, a.targets, a.n), vec<Acc>(exec, a.loss, a.loss_size()),
+                            mat<Acc>(exec, a.row_stats_out, a.n, distillation_row_stats), a.options);
+  });
+}
+
+template <class T>
+void distillation_backward(const Launch& l, const DistillationArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::distillation_loss_backward(
+        exec, mat<const T>(exec, a.Hs, a.n, a.d_s), mat<const T>(exec, a.Ws, a.v, a.d_s),
+        mat<const T>(exec, a.Ht, a.n, a.d_t), mat<const T>(exec, a.Wt, a.v, a.d_t),
+        vec<const std::int64_t>(exec, a.targets, a.n), mat<const Acc>(exec, a.row_stats, a.n, distillation_row_stats),
+        vec<const Acc>(exec, a.dloss, a.loss_size()), mat<T>(exec, a.dHs, a.n, a.d_s), mat<T>(exec, a.dWs, a.v, a.d_s),
+        mat<T>(exec, a.dHt, a.n, a.d_t), mat<T>(exec, a.dWt, a.v, a.d_t), a.options);
+  });
+}
+
+template <class T>
 void cross_entropy_forward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
   on_exec(l, [&](const auto& exec) {
@@ -232,3 +268,7 @@ void contrastive_backward_distributed(const Launch& l, const Callbacks& cb, cons
   template void self_contrastive_backward<T>(const Launch&, const SelfContrastiveArgs&);                     \
   template void contrastive_forward_distributed<T>(const Launch&, const Callbacks&, const ContrastiveArgs&); \
   template void contrastive_backward_distributed<T>(const Launch&, const Callbacks&, const ContrastiveArgs&)
+#define TLSE_CAPI_DISTILLATION(T)                                                         \
+  template std::size_t distillation_workspace<T>(const Launch&, const DistillationArgs&); \
+  template void distillation_forward<T>(const Launch&, const DistillationArgs&);          \
+  template void distillation_backward<T>(const Launch&, const DistillationArgs&)

@@ -332,6 +332,36 @@ tlse::ContrastiveOptions convert(const char* function, const tlse_contrastive_op
   return r;
 }
 
+tlse::DistillationOptions convert(const char* function, const tlse_distillation_options* given) {
+  tlse_distillation_options o;
+  tlse_distillation_options_default(&o);
+  if (given) o = *given;
+  if (o.divergence < TLSE_DIVERGENCE_FORWARD_KL || o.divergence > TLSE_DIVERGENCE_JSD)
+    invalid(
+        function, "options.divergence",
+        "is " + std::to_string(o.divergence) +
+            ", not a tlse_divergence (TLSE_DIVERGENCE_FORWARD_KL, TLSE_DIVERGENCE_REVERSE_KL or TLSE_DIVERGENCE_JSD)");
+  if (o.reduction < TLSE_REDUCTION_NONE || o.reduction > TLSE_REDUCTION_MEAN)
+    invalid(function, "options.reduction", "is " + std::to_string(o.reduction) + ", not a tlse_reduction");
+  tlse::DistillationOptions r;
+  r.divergence = o.divergence == TLSE_DIVERGENCE_FORWARD_KL   ? tlse::Divergence::forward_kl
+                 : o.divergence == TLSE_DIVERGENCE_REVERSE_KL ? tlse::Divergence::reverse_kl
+                                                              : tlse::Divergence::jsd;
+  r.reduction = o.reduction == TLSE_REDUCTION_NONE  ? tlse::Reduction::none
+                : o.reduction == TLSE_REDUCTION_SUM ? tlse::Reduction::sum
+                                                    : tlse::Reduction::mean;
+  r.beta = o.beta;
+  r.temperature = o.temperature;
+  r.alpha = o.alpha;
+  r.ignore_index = o.ignore_index;
+  r.shift = o.shift;
+  r.accumulate = o.accumulate != 0;
+  r.non_finite = o.detect_non_finite ? tlse::NonFinite::detect : tlse::NonFinite::propagate;
+  r.workspace = {o.workspace, o.workspace_bytes};
+  r.memory_budget = o.memory_budget ? std::size_t(o.memory_budget) : tlse::memory_budget_default;
+  return r;
+}
+
 /// A CUDA build initializes Kokkos::Cuda, which on a machine without a usable GPU throws a
 /// multi-line error from deep inside its setup (and may leave Kokkos half initialized): ask the
 /// CUDA runtime first, and fail with one line that says what to do instead.
@@ -466,6 +496,28 @@ void self_contrastive_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::S
   arrays.input("Z", Z, a.n * a.c, e.value, true);
   arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
   a.Z = Z;
+}
+
+/// The sizes and options every distillation entry point takes, checked.
+tlse::capi::DistillationArgs distillation_args(const char* fn, int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                               const tlse_distillation_options* options) {
+  check_size(fn, "n", n), check_size(fn, "v", v), check_size(fn, "d_s", d_s), check_size(fn, "d_t", d_t);
+  tlse::capi::DistillationArgs a;
+  a.n = n, a.v = v, a.d_s = d_s, a.d_t = d_t;
+  a.options = convert(fn, options);
+  return a;
+}
+
+/// The inputs forward and backward share (Hs, Ws, Ht, Wt, targets), checked and recorded in `a`.
+void distillation_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::DistillationArgs& a, const void* Hs,
+                         const void* Ws, const void* Ht, const void* Wt, const int64_t* targets) {
+  arrays.input("Hs", Hs, a.n * a.d_s, e.value, true);
+  arrays.input("Ws", Ws, a.v * a.d_s, e.value, true);
+  arrays.input("Ht", Ht, a.n * a.d_t, e.value, true);
+  arrays.input("Wt", Wt, a.v * a.d_t, e.value, true);
+  arrays.input("targets", targets, a.n, sizeof(int64_t));
+  arrays.workspace(a.options.workspace.data, a.options.workspace.bytes);
+  a.Hs = Hs, a.Ws = Ws, a.Ht = Ht, a.Wt = Wt, a.targets = targets;
 }
 
 /// The caller's communicator as the C++ layer's callbacks (the same fields), checked.
@@ -670,7 +722,49 @@ tlse::capi::SelfContrastiveArgs self_contrastive_backward_args(const char* fn, c
   return a;
 }
 
+/// The checked arguments of a distillation forward.
+tlse::capi::DistillationArgs distillation_forward_args(const char* fn, const tlse_context* context, tlse_device device,
+                                                       tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                                       const void* Hs, const void* Ws, const void* Ht, const void* Wt,
+                                                       const int64_t* targets, void* loss, void* row_stats,
+                                                       const tlse_distillation_options* options) {
+  auto a = distillation_args(fn, n, v, d_s, d_t, options);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  distillation_inputs(arrays, e, a, Hs, Ws, Ht, Wt, targets);
+  arrays.output("loss", loss, a.loss_size(), e.acc, true);
+  arrays.output("row_stats", row_stats, n * TLSE_DISTILLATION_ROW_STATS, e.acc, true);
+  arrays.disjoint();
+  a.loss = loss, a.row_stats_out = row_stats;
+  return a;
+}
+
+/// The checked arguments of a distillation backward.
+tlse::capi::DistillationArgs distillation_backward_args(const char* fn, const tlse_context* context, tlse_device device,
+                                                        tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s,
+                                                        int64_t d_t, const void* Hs, const void* Ws, const void* Ht,
+                                                        const void* Wt, const int64_t* targets, const void* row_stats,
+                                                        const void* dloss, void* dHs, void* dWs, void* dHt, void* dWt,
+                                                        const tlse_distillation_options* options) {
+  auto a = distillation_args(fn, n, v, d_s, d_t, options);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  distillation_inputs(arrays, e, a, Hs, Ws, Ht, Wt, targets);
+  arrays.input("row_stats", row_stats, n * TLSE_DISTILLATION_ROW_STATS, e.acc, true);
+  arrays.input("dloss", dloss, a.loss_size(), e.acc, true);
+  arrays.output("dHs", dHs, n * d_s, e.value);
+  arrays.output("dWs", dWs, v * d_s, e.value);
+  arrays.output("dHt", dHt, n * d_t, e.value);
+  arrays.output("dWt", dWt, v * d_t, e.value);
+  arrays.disjoint();
+  a.row_stats = row_stats, a.dloss = dloss, a.dHs = dHs, a.dWs = dWs, a.dHt = dHt, a.dWt = dWt;
+  return a;
+}
+
 }  // namespace
+
+static_assert(TLSE_DISTILLATION_ROW_STATS == tlse::distillation_row_stats,
+              "tlse.h's TLSE_DISTILLATION_ROW_STATS is the C++ layer's distillation_row_stats");
 
 static_assert(int(TLSE_COMM_F32) == tlse::distributed::callback_f32 &&
                   int(TLSE_COMM_F64) == tlse::distributed::callback_f64 &&
@@ -707,6 +801,16 @@ void tlse_contrastive_options_default(tlse_contrastive_options* o) {
   *o = tlse_contrastive_options{};
   o->scale = 1.0;
   o->direction = TLSE_DIRECTION_SYMMETRIC;
+}
+
+void tlse_distillation_options_default(tlse_distillation_options* o) {
+  if (!o) return;
+  *o = tlse_distillation_options{};
+  o->divergence = TLSE_DIVERGENCE_FORWARD_KL;
+  o->reduction = TLSE_REDUCTION_MEAN;
+  o->beta = 0.5;
+  o->temperature = 1.0;
+  o->ignore_index = -100;
 }
 
 tlse_status tlse_context_create(tlse_context** context, int cuda_device) {
@@ -925,6 +1029,52 @@ tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_device de
       },
       [&](auto tag, const auto& launch, const auto& a) {
         tlse::capi::self_contrastive_backward<decltype(tag)>(launch, a);
+      });
+}
+
+tlse_status tlse_distillation_loss_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
+                                                   tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                                   const tlse_distillation_options* options, size_t* bytes) {
+  static const char* fn = "tlse_distillation_loss_workspace_bytes";
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        if (!bytes) invalid(fn, "bytes", "is NULL");
+        return distillation_args(fn, n, v, d_s, d_t, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        *bytes = tlse::capi::distillation_workspace<decltype(tag)>(launch, a);
+      });
+}
+
+tlse_status tlse_distillation_loss(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype, int64_t n,
+                                   int64_t v, int64_t d_s, int64_t d_t, const void* Hs, const void* Ws, const void* Ht,
+                                   const void* Wt, const int64_t* targets, void* loss, void* row_stats,
+                                   const tlse_distillation_options* options) {
+  static const char* fn = "tlse_distillation_loss";
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return distillation_forward_args(fn, context, device, dtype, n, v, d_s, d_t, Hs, Ws, Ht, Wt, targets, loss,
+                                         row_stats, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) { tlse::capi::distillation_forward<decltype(tag)>(launch, a); });
+}
+
+tlse_status tlse_distillation_loss_backward(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                            int64_t n, int64_t v, int64_t d_s, int64_t d_t, const void* Hs,
+                                            const void* Ws, const void* Ht, const void* Wt, const int64_t* targets,
+                                            const void* row_stats, const void* dloss, void* dHs, void* dWs, void* dHt,
+                                            void* dWt, const tlse_distillation_options* options) {
+  static const char* fn = "tlse_distillation_loss_backward";
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return distillation_backward_args(fn, context, device, dtype, n, v, d_s, d_t, Hs, Ws, Ht, Wt, targets,
+                                          row_stats, dloss, dHs, dWs, dHt, dWt, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::distillation_backward<decltype(tag)>(launch, a);
       });
 }
 

@@ -1,6 +1,7 @@
 ! Fortran 2003 interface to the TiledLSE C API (tlse.h) through iso_c_binding: the subset the
 ! examples use (context, cross-entropy forward/backward and the step in one call, the contrastive
-! loss forward/backward, errors), and the log-sum-exp their checks take. Fortran arrays are
+! loss forward/backward, the distillation loss forward/backward, errors), and the log-sum-exp
+! their checks take. Fortran arrays are
 ! column-major, so a C row-major n x d matrix is a Fortran array of shape (d, n).
 module tlse
   use, intrinsic :: iso_c_binding
@@ -12,6 +13,9 @@ module tlse
   integer(c_int32_t), parameter :: TLSE_REDUCTION_NONE = 0, TLSE_REDUCTION_SUM = 1, TLSE_REDUCTION_MEAN = 2
   integer(c_int32_t), parameter :: TLSE_DIRECTION_SYMMETRIC = 0, TLSE_DIRECTION_IMAGE_TO_TEXT = 1, &
       TLSE_DIRECTION_TEXT_TO_IMAGE = 2
+  integer(c_int32_t), parameter :: TLSE_DIVERGENCE_FORWARD_KL = 0, TLSE_DIVERGENCE_REVERSE_KL = 1, &
+      TLSE_DIVERGENCE_JSD = 2
+  integer, parameter :: TLSE_DISTILLATION_ROW_STATS = 5
 
   ! Same members, types and order as tlse_cross_entropy_options in tlse.h.
   type, bind(c) :: tlse_cross_entropy_options
@@ -46,6 +50,22 @@ module tlse
     integer(c_int32_t) :: accumulate
     integer(c_int32_t) :: detect_non_finite
     integer(c_int32_t) :: precision
+    type(c_ptr) :: workspace
+    integer(c_size_t) :: workspace_bytes
+    integer(c_int64_t) :: memory_budget
+  end type
+
+  ! Same members, types and order as tlse_distillation_options in tlse.h.
+  type, bind(c) :: tlse_distillation_options
+    integer(c_int32_t) :: divergence  ! TLSE_DIVERGENCE_*
+    integer(c_int32_t) :: reduction
+    real(c_double) :: beta            ! JSD's weight of the teacher, in [0, 1]
+    real(c_double) :: temperature     ! divides both logits; no temperature^2 factor
+    real(c_double) :: alpha           ! weight of the student's cross-entropy, in [0, 1]
+    integer(c_int64_t) :: ignore_index
+    integer(c_int64_t) :: shift
+    integer(c_int32_t) :: accumulate
+    integer(c_int32_t) :: detect_non_finite
     type(c_ptr) :: workspace
     integer(c_size_t) :: workspace_bytes
     integer(c_int64_t) :: memory_budget
@@ -121,6 +141,29 @@ module tlse
       integer(c_int), value :: device, dtype
       integer(c_int64_t), value :: b, c
       type(tlse_contrastive_options), intent(in) :: options
+    end function
+
+    subroutine tlse_distillation_options_default(options) bind(c, name="tlse_distillation_options_default")
+      import :: tlse_distillation_options
+      type(tlse_distillation_options), intent(out) :: options
+    end subroutine
+
+    integer(c_int) function tlse_distillation_loss(context, device, stream, dtype, n, v, d_s, d_t, hs, ws, ht, wt, &
+        targets, loss, row_stats, options) bind(c, name="tlse_distillation_loss")
+      import :: c_int, c_int64_t, c_ptr, tlse_distillation_options
+      type(c_ptr), value :: context, stream, hs, ws, ht, wt, targets, loss, row_stats
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: n, v, d_s, d_t
+      type(tlse_distillation_options), intent(in) :: options
+    end function
+
+    integer(c_int) function tlse_distillation_loss_backward(context, device, stream, dtype, n, v, d_s, d_t, hs, ws, &
+        ht, wt, targets, row_stats, dloss, dhs, dws, dht, dwt, options) bind(c, name="tlse_distillation_loss_backward")
+      import :: c_int, c_int64_t, c_ptr, tlse_distillation_options
+      type(c_ptr), value :: context, stream, hs, ws, ht, wt, targets, row_stats, dloss, dhs, dws, dht, dwt
+      integer(c_int), value :: device, dtype
+      integer(c_int64_t), value :: n, v, d_s, d_t
+      type(tlse_distillation_options), intent(in) :: options
     end function
   end interface
 

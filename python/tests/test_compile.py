@@ -1,9 +1,10 @@
 """torch.library custom ops and torch.compile (torch >= 2.4; skipped on older torch, e.g. Debian's
-1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the seven ops
+1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the nine ops
 (schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes), a small
 model using the three losses compiled with fullgraph=True (no graph break), whose loss and gradients
-match the eager model's, and the cross-entropy's step in one call (fused_step) compiled against
-the eager forward and backward. On CPU, and on CUDA where the library and torch have it.
+match the eager model's, the cross-entropy's step in one call (fused_step) compiled against
+the eager forward and backward, and a distillation step (student and teacher, every divergence)
+compiled against the eager one. On CPU, and on CUDA where the library and torch have it.
 """
 import copy
 import math
@@ -201,3 +202,65 @@ def test_options_and_lse_gradient_compile_fullgraph(device):
         err = (p - q).abs().max().item()
         assert err <= 1e-5 * (1 + p.abs().max().item()), "%s: gradient differs by %g" % (name, err)
 
+
+def _distillation_operands(device, dtype, teacher_grad=False):
+    """Student hs (11 x 8), ws (37 x 8), teacher ht (11 x 5), wt (37 x 5), targets with ignored rows."""
+    hs, ws = randn(11, 8, device=device, dtype=dtype), randn(37, 8, device=device, dtype=dtype, seed=1)
+    ht = randn(11, 5, device=device, dtype=dtype, seed=2, grad=teacher_grad)
+    wt = randn(37, 5, device=device, dtype=dtype, seed=3, grad=teacher_grad)
+    targets = torch.randint(0, 37, (11,), generator=torch.Generator().manual_seed(4)).to(device)
+    targets[::4] = -100
+    return hs, ws, ht, wt, targets
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("divergence, reduction, with_targets", [(0, 2, True), (2, 0, True), (1, 1, False)],
+                         ids=["forward_kl-mean", "jsd-none", "reverse_kl-sum-no-targets"])
+def test_opcheck_distillation(device, dtype, divergence, reduction, with_targets):
+    hs, ws, ht, wt, targets = _distillation_operands(device, dtype, teacher_grad=True)
+    targets = targets if with_targets else None
+    # divergence, beta, temperature, alpha, ignore_index, shift, reduction, memory_budget (0: default)
+    options = (divergence, 0.3, 2.0, 0.25 if with_targets else 0.0, -100, 1 if with_targets else 0, reduction, 0)
+    torch.library.opcheck(torch.ops.tiledlse.distillation_forward.default, (hs, ws, ht, wt, targets, *options))
+    loss, stats = torch.ops.tiledlse.distillation_forward(hs, ws, ht, wt, targets, *options)
+    torch.library.opcheck(torch.ops.tiledlse.distillation_backward.default,
+                          (hs.detach(), ws.detach(), ht.detach(), wt.detach(), targets, stats.detach(),
+                           torch.ones_like(loss).detach(), *options, True, True, True, False))
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_distillation_compiles_fullgraph(device, dynamic):
+    """A student and a frozen teacher (embeddings, a tanh layer, heads of different widths)
+    distilled in one compiled graph with no break, every divergence; loss and student gradients
+    against the eager run."""
+    torch.manual_seed(0)
+    student = torch.nn.ModuleDict(dict(embed=torch.nn.Embedding(97, 24), head=torch.nn.Linear(24, 97, bias=False)))
+    teacher = torch.nn.ModuleDict(dict(embed=torch.nn.Embedding(97, 40), head=torch.nn.Linear(40, 97, bias=False)))
+    student, teacher = student.to(device), teacher.to(device).requires_grad_(False)
+    compiled_student = copy.deepcopy(student)
+
+    def loss_of(model, tokens):
+        with torch.no_grad():
+            ht = torch.tanh(teacher["embed"](tokens))
+        hs = torch.tanh(model["embed"](tokens))
+        return sum(tiledlse.distillation_loss(hs, model["head"].weight, ht, teacher["head"].weight, tokens,
+                                              divergence=divergence, temperature=2.0, shift=1, alpha=0.2, beta=0.4)
+                   for divergence in ("forward_kl", "reverse_kl", "jsd"))
+    compiled = torch.compile(loss_of, fullgraph=True, dynamic=dynamic)
+    g = torch.Generator().manual_seed(1)
+    for batch, length in ((3, 17), (5, 9)):
+        tokens = torch.randint(0, 97, (batch, length), generator=g).to(device)
+        student.zero_grad()
+        compiled_student.zero_grad()
+        expected = loss_of(student, tokens)
+        expected.backward()
+        got = compiled(compiled_student, tokens)
+        got.backward()
+        assert abs(got.item() - expected.item()) <= 1e-5 * (1 + abs(expected.item()))
+        for (name, p), q in zip(student.named_parameters(), compiled_student.parameters()):
+            err = (p.grad - q.grad).abs().max().item()
+            assert err <= 1e-5 * (1 + p.grad.abs().max().item()), "%s: gradient differs by %g" % (name, err)

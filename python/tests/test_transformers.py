@@ -1,13 +1,17 @@
 """tiledlse.causal_lm_loss against the model's own loss, on small randomly initialized
 Transformers models (Llama; Gemma 2 for the final-logit soft cap; Qwen 2): the loss and every
 parameter's gradient, in float32 and bfloat16, with padding (-100 labels and an attention mask),
-and with Trainer's num_items_in_batch. On CPU, and on CUDA where the library and torch have it.
+and with Trainer's num_items_in_batch; tiledlse.causal_lm_distillation_loss of a Llama student
+against a wider Llama teacher, against the same loss on the two models' logits. On CPU, and on
+CUDA where the library and torch have it.
 Skipped without transformers (CI's Debian has none; the GPU machine has it).
 
 test_peak_memory_llama3_vocabulary (CUDA only) measures the peak memory of one training step at
 Llama 3's vocabulary (V = 128256) with the model's loss and with tiledlse's, and prints both
 (run with -s to see them; docs/python.md reports them).
 """
+import math
+
 import pytest
 import torch
 
@@ -112,6 +116,76 @@ def test_shift_labels_and_refusals():
     model.config.logits_scaling = 8.0
     with pytest.raises(ValueError, match="scales its logits"):
         tiledlse.causal_lm_loss(model, input_ids, labels)
+
+
+def distillation_reference(student_logits, teacher_logits, labels, temperature, alpha, beta):
+    """JSD(beta) at `temperature` mixed with the student's cross-entropy, from the models' logits,
+    over the positions whose next label is not -100 (the mean)."""
+    rows = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+    x = student_logits.reshape(rows.shape[0], -1).double()
+    ls = torch.log_softmax(x / temperature, -1)
+    lt = torch.log_softmax(teacher_logits.reshape(rows.shape[0], -1).double() / temperature, -1)
+    lm = torch.logsumexp(torch.stack([lt + math.log(beta), ls + math.log(1 - beta)]), 0)
+    kl = torch.nn.functional.kl_div
+    div = beta * kl(lm, lt, reduction="none", log_target=True).sum(-1) + \
+        (1 - beta) * kl(lm, ls, reduction="none", log_target=True).sum(-1)
+    ce = torch.nn.functional.cross_entropy(x, rows, ignore_index=-100, reduction="none")
+    scored = rows != -100
+    return torch.where(scored, alpha * ce + (1 - alpha) * div, torch.zeros_like(div)).sum() / scored.sum()
+
+
+@needs_transformers
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_distillation_matches_the_logits_loss(device, dtype):
+    vocab = 211
+    student = small_model("llama", vocab, dtype, device, hidden=32)
+    teacher = small_model("llama", vocab, dtype, device, hidden=64).requires_grad_(False)
+    input_ids, labels, mask = batch(vocab, device)
+    options = dict(temperature=2.0, alpha=0.3, beta=0.4)
+
+    def reference():
+        with torch.no_grad():
+            teacher_logits = teacher(input_ids=input_ids, attention_mask=mask).logits
+        student_logits = student(input_ids=input_ids, attention_mask=mask).logits
+        return distillation_reference(student_logits, teacher_logits, labels, **options).float()
+    ref_loss, ref_grads = loss_and_gradients(student, reference)
+    loss, grads = loss_and_gradients(student, lambda: tiledlse.causal_lm_distillation_loss(
+        student, teacher, input_ids, labels, attention_mask=mask, divergence="jsd", **options))
+    assert loss.dim() == 0
+    assert_close(loss, ref_loss, LOSS_RTOL[dtype], "loss")
+    for name in ref_grads:
+        assert_close(grads[name], ref_grads[name], GRAD_RTOL[dtype], name)
+    assert all(p.grad is None for p in teacher.parameters())
+
+
+@needs_transformers
+def test_distillation_labels_default_teacher_grad_and_refusals():
+    vocab = 101
+    student = small_model("llama", vocab, torch.float32, "cpu", hidden=32)
+    teacher = small_model("llama", vocab, torch.float32, "cpu", hidden=48)
+    input_ids, labels, mask = batch(vocab, "cpu")
+    # labels=None: the input ids, padding (attention_mask 0) not scored.
+    with torch.no_grad():
+        expected = tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, labels, attention_mask=mask)
+        got = tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, attention_mask=mask)
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].contiguous()
+        by_shift = tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, shift_labels=shifted,
+                                                        attention_mask=mask)
+    assert_close(got, expected, 1e-6, "loss without labels")
+    assert_close(by_shift, expected, 1e-6, "loss with shift_labels")
+    # The teacher trains only when asked to.
+    tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, labels, attention_mask=mask).backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, labels, attention_mask=mask,
+                                         teacher_grad=True).backward()
+    assert teacher.lm_head.weight.grad is not None and teacher.model.embed_tokens.weight.grad is not None
+    gemma = small_model("gemma2", vocab, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="soft-caps its logits"):
+        tiledlse.causal_lm_distillation_loss(student, gemma, input_ids, labels)
+    teacher.config.logits_scaling = 8.0
+    with pytest.raises(ValueError, match="scales its logits"):
+        tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, labels)
 
 
 def peak_step_bytes(model, step):

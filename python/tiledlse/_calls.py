@@ -29,6 +29,18 @@ class CrossEntropyConfig(NamedTuple):
     label_smoothing: float = 0.0
 
 
+class DistillationConfig(NamedTuple):
+    """distillation_loss's options, checked (tlse_distillation_options' fields)."""
+    divergence: int  # L.DIVERGENCES value
+    beta: float
+    temperature: float
+    alpha: float
+    ignore_index: int
+    shift: int
+    reduction: int  # L.REDUCTIONS value
+    memory_budget: int = 0  # bytes of workspace a call may use; 0: the library's default
+
+
 def acc_dtype(dtype):
     """Losses and LSEs are computed and returned in the accumulator type."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -311,3 +323,45 @@ def contrastive_backward(image, text, scale, labels, row_lse, col_lse, dloss, sy
                   _ptr(labels), _ptr(row_lse), _ptr(col), _ptr(dloss), _ptr(di), _ptr(dt), _ptr(dscale),
                   ctypes.byref(options))
     return di, dt, dscale
+
+
+def _distillation_options(config):
+    options = L.DistillationOptions()
+    options.divergence, options.reduction = config.divergence, config.reduction
+    options.beta, options.temperature, options.alpha = config.beta, config.temperature, config.alpha
+    options.ignore_index, options.shift, options.memory_budget = config.ignore_index, config.shift, config.memory_budget
+    return options
+
+
+def _distillation_call(hs, ws, ht, config):
+    """What every distillation call starts from: the context, device and stream of hs's device,
+    the sizes N, V, D_s, D_t, the dtype code and the options."""
+    ctx, device, stream = launch("student_hidden", hs)
+    return (ctx, device, stream, hs.shape[0], ws.shape[0], hs.shape[1], ht.shape[1], DTYPES[hs.dtype],
+            _distillation_options(config))
+
+
+def distillation_forward(hs, ws, ht, wt, targets, config):
+    """(loss, row statistics (N, L.DISTILLATION_ROW_STATS) for the backward) of the student hs (N,
+    D_s), ws (V, D_s) against the teacher ht (N, D_t), wt (V, D_t); targets (N) int64 or None."""
+    ctx, device, stream, n, v, ds, dt, dtype, options = _distillation_call(hs, ws, ht, config)
+    loss = _loss_tensor(hs, config)
+    stats = torch.empty((n, L.DISTILLATION_ROW_STATS), dtype=loss.dtype, device=hs.device)
+    workspace = _lend_workspace(options, hs.device, "tlse_distillation_loss_workspace_bytes", ctx, device, stream,
+                                dtype, n, v, ds, dt)  # must live through the call below
+    L.call("tlse_distillation_loss", ctx, device, stream, dtype, n, v, ds, dt, _ptr(hs), _ptr(ws), _ptr(ht), _ptr(wt),
+           _ptr(targets), _ptr(loss), _ptr(stats), ctypes.byref(options))
+    return loss, stats
+
+
+def distillation_backward(hs, ws, ht, wt, targets, stats, dloss, config, needs):
+    """(dHs, dWs, dHt, dWt) for the upstream gradient dloss (shaped like the forward's loss);
+    `needs` says which of the four to compute (the others are None)."""
+    ctx, device, stream, n, v, ds, dt, dtype, options = _distillation_call(hs, ws, ht, config)
+    dloss = dloss.to(stats.dtype).contiguous()
+    grads = tuple(torch.empty_like(t) if need else None for t, need in zip((hs, ws, ht, wt), needs))
+    workspace = _lend_workspace(options, hs.device, "tlse_distillation_loss_workspace_bytes", ctx, device, stream,
+                                dtype, n, v, ds, dt)  # must live through the call below
+    L.call("tlse_distillation_loss_backward", ctx, device, stream, dtype, n, v, ds, dt, _ptr(hs), _ptr(ws), _ptr(ht),
+           _ptr(wt), _ptr(targets), _ptr(stats), _ptr(dloss), *(_ptr(g) for g in grads), ctypes.byref(options))
+    return grads

@@ -9,7 +9,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _calls
 from . import _library as L
-from ._calls import DTYPES, CrossEntropyConfig
+from ._calls import DTYPES, CrossEntropyConfig, DistillationConfig
 
 # torch.library.custom_op and register_autograd arrived in torch 2.4.
 CUSTOM_OPS = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
@@ -420,3 +420,125 @@ def _scale_argument(scale):
     if isinstance(scale, (int, float)) and not isinstance(scale, bool):
         return torch.tensor(float(scale), dtype=torch.float64)
     raise TypeError("argument 'scale' must be a tensor or a float, got %s" % type(scale).__name__)
+
+
+def distillation_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, targets=None, *,
+                      divergence="forward_kl", beta=0.5, temperature=1.0, ignore_index=-100, shift=0, alpha=0.0,
+                      reduction="mean", memory_budget=None):
+    """Distillation loss between a teacher's and a student's softmax over one vocabulary, from
+    their hidden states and output layers, without forming either's logits.
+
+    student_hidden: (..., D_s), student_weight: (V, D_s); teacher_hidden: (..., D_t) with the same
+    leading shape, teacher_weight: (V, D_t) (D_t may differ from D_s, V may not). All four share
+    one dtype (float32, float64, bfloat16, float16) and device (cpu or cuda), contiguous. Each
+    row's logits are ``student_hidden @ student_weight.T / temperature`` and the same for the
+    teacher; p_s, p_t their softmaxes. divergence: "forward_kl" KL(p_t || p_s) (the default;
+    Liger-Kernel's and TRL's beta = 0), "reverse_kl" KL(p_s || p_t) (their beta = 1) or "jsd":
+    beta KL(p_t || m) + (1 - beta) KL(p_s || m), m = beta p_t + (1 - beta) p_s, beta in [0, 1]
+    (0 and 1 give the forward and the reverse KL, as Liger-Kernel and TRL special-case them).
+    The divergence is not multiplied by temperature**2: multiply the loss for Hinton's scaling.
+    alpha in [0, 1] mixes in the student's hard-label cross-entropy on its unscaled logits: each
+    row's loss is ``alpha * CE + (1 - alpha) * divergence`` (Liger-Kernel's weight_hard_loss and
+    weight_soft_loss). targets: int64 of shape student_hidden.shape[:-1] or None; position t is
+    scored against targets[..., t + shift] (the last `shift` positions of each sequence are not
+    scored), and a position whose target is ignore_index is not scored (loss 0, no gradient).
+    Without targets every position is scored (then alpha must be 0 and shift 0). reduction:
+    "mean" (over the scored positions; 0 when none is), "sum" or "none" (shape
+    student_hidden.shape[:-1]). memory_budget: bytes of workspace a call may use (None: the
+    library's default, 256 MiB).
+
+    Returns the loss (float32, float64 for float64 inputs). Gradients reach the student's two
+    tensors, and the teacher's where they require grad (the teacher is frozen otherwise: call it
+    under torch.no_grad(), or pass detached tensors).
+    """
+    hs, ws, ht, wt, targets, config, batch_shape = _distillation_arguments(
+        student_hidden, student_weight, teacher_hidden, teacher_weight, targets, divergence, beta, temperature,
+        ignore_index, shift, alpha, reduction, memory_budget)
+    if CUSTOM_OPS:
+        loss, _stats = torch.ops.tiledlse.distillation_forward(hs, ws, ht, wt, targets, *config)
+    else:
+        loss = _Distillation.apply(hs, ws, ht, wt, targets, config)
+    return loss.view(batch_shape) if config.reduction == L.REDUCTIONS["none"] else loss
+
+
+def _distillation_arguments(hs, ws, ht, wt, targets, divergence, beta, temperature, ignore_index, shift, alpha,
+                            reduction, memory_budget):
+    """Checks distillation_loss's arguments; returns (hs as (N, D_s), ws, ht as (N, D_t), wt,
+    targets as (N) or None, the DistillationConfig, the batch shape)."""
+    _check_tensor("student_hidden", hs)
+    if hs.dim() < 1:
+        raise ValueError("argument 'student_hidden' must have shape (..., D_s), got a 0-d tensor")
+    _check_tensor("student_weight", ws, like=hs, like_name="student_hidden", ndim=2)
+    if ws.shape[1] != hs.shape[-1]:
+        raise ValueError("argument 'student_weight' has %d columns but 'student_hidden' has D_s = %d"
+                         % (ws.shape[1], hs.shape[-1]))
+    _check_tensor("teacher_hidden", ht, like=hs, like_name="student_hidden")
+    if ht.dim() < 1 or tuple(ht.shape[:-1]) != tuple(hs.shape[:-1]):
+        raise ValueError("argument 'teacher_hidden' has shape %s but 'student_hidden' has shape %s; they must agree "
+                         "in all but the last dimension" % (tuple(ht.shape), tuple(hs.shape)))
+    _check_tensor("teacher_weight", wt, like=hs, like_name="student_hidden", ndim=2)
+    if wt.shape[1] != ht.shape[-1]:
+        raise ValueError("argument 'teacher_weight' has %d columns but 'teacher_hidden' has D_t = %d"
+                         % (wt.shape[1], ht.shape[-1]))
+    if wt.shape[0] != ws.shape[0]:
+        raise ValueError("argument 'teacher_weight' has V = %d rows but 'student_weight' has V = %d; the teacher and "
+                         "the student must share one vocabulary" % (wt.shape[0], ws.shape[0]))
+    if divergence not in L.DIVERGENCES:
+        raise ValueError("argument 'divergence' must be 'forward_kl', 'reverse_kl' or 'jsd', got %r" % (divergence,))
+    beta, temperature, alpha = _number("beta", beta), _number("temperature", temperature), _number("alpha", alpha)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError("argument 'beta' must be in [0, 1], got %r" % (beta,))
+    if not (0.0 < temperature < float("inf")):
+        raise ValueError("argument 'temperature' must be finite and > 0, got %r" % (temperature,))
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError("argument 'alpha' must be in [0, 1], got %r" % (alpha,))
+    if reduction not in L.REDUCTIONS:
+        raise ValueError("argument 'reduction' must be 'mean', 'sum' or 'none', got %r" % (reduction,))
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+        raise ValueError("argument 'shift' must be an int >= 0, got %r" % (shift,))
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError("argument 'ignore_index' must be an int, got %r" % (ignore_index,))
+    if targets is None:
+        if alpha > 0:
+            raise ValueError("argument 'alpha' is %r but no targets were given; the hard-label cross-entropy needs "
+                             "them" % (alpha,))
+        if shift:
+            raise ValueError("argument 'shift' is %d but no targets were given; shift says which target scores "
+                             "a position" % shift)
+    else:
+        _check_tensor("targets", targets, dtype=torch.int64)
+        if targets.device != hs.device:
+            raise ValueError("argument 'targets' is on %s but 'student_hidden' is on %s" % (targets.device, hs.device))
+        if tuple(targets.shape) != tuple(hs.shape[:-1]):
+            raise ValueError("argument 'targets' has shape %s but 'student_hidden' has shape %s; targets must have "
+                             "shape student_hidden.shape[:-1]" % (tuple(targets.shape), tuple(hs.shape)))
+        if shift and targets.dim() > 1:
+            # As linear_cross_entropy: the C API shifts along the flattened rows, so with several
+            # sequences the last `shift` positions of each are ignored here (a copy of the targets).
+            shifted = torch.full_like(targets, ignore_index)
+            shifted[..., : max(targets.shape[-1] - shift, 0)] = targets[..., shift:]
+            targets, shift = shifted, 0
+        targets = targets.reshape(-1)
+    config = DistillationConfig(L.DIVERGENCES[divergence], beta, temperature, alpha, ignore_index, shift,
+                                L.REDUCTIONS[reduction], _memory_budget(memory_budget))
+    batch_shape = hs.shape[:-1]
+    return (hs.reshape(-1, hs.shape[-1]), ws, ht.reshape(-1, ht.shape[-1]), wt, targets, config, batch_shape)
+
+
+class _Distillation(torch.autograd.Function):
+    """distillation_loss on older torch (see CUSTOM_OPS)."""
+
+    @staticmethod
+    def forward(ctx, hs, ws, ht, wt, targets, config):
+        loss, stats = _calls.distillation_forward(hs, ws, ht, wt, targets, config)
+        ctx.save_for_backward(hs, ws, ht, wt, targets, stats)
+        ctx.config = config
+        return loss
+
+    @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
+    def backward(ctx, grad_loss):
+        hs, ws, ht, wt, targets, stats = ctx.saved_tensors
+        grads = _calls.distillation_backward(hs, ws, ht, wt, targets, stats, grad_loss, ctx.config,
+                                             ctx.needs_input_grad[:4])
+        return (*grads, None, None)

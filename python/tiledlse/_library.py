@@ -21,6 +21,8 @@ REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 SYMMETRIC, IMAGE_TO_TEXT = 0, 1
 FILTER_EPS_AUTO = -1.0
 PRECISIONS = {"exact": 0, "tf32": 1}  # tlse_precision: the products of float32 inputs
+DIVERGENCES = {"forward_kl": 0, "reverse_kl": 1, "jsd": 2}  # tlse_divergence
+DISTILLATION_ROW_STATS = 5  # TLSE_DISTILLATION_ROW_STATS: values per row the forward keeps for the backward
 
 
 class CrossEntropyOptions(ctypes.Structure):
@@ -58,6 +60,23 @@ class ContrastiveOptions(ctypes.Structure):
         ("accumulate", ctypes.c_int32),
         ("detect_non_finite", ctypes.c_int32),
         ("precision", ctypes.c_int32),  # PRECISIONS
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)
+    ]
+
+
+class DistillationOptions(ctypes.Structure):
+    _fields_ = [
+        ("divergence", ctypes.c_int32),  # DIVERGENCES
+        ("reduction", ctypes.c_int32),  # REDUCTIONS
+        ("beta", ctypes.c_double),
+        ("temperature", ctypes.c_double),
+        ("alpha", ctypes.c_double),
+        ("ignore_index", ctypes.c_int64),
+        ("shift", ctypes.c_int64),
+        ("accumulate", ctypes.c_int32),
+        ("detect_non_finite", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("memory_budget", ctypes.c_uint64),  # 0: the library's default (256 MiB)
@@ -185,6 +204,21 @@ _signatures = {
     "tlse_self_contrastive_backward": (
         _status,
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _p, _p, _p, _p, _p, ctypes.POINTER(ContrastiveOptions)],
+    ),
+    "tlse_distillation_loss_workspace_bytes": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _i64, ctypes.POINTER(DistillationOptions),
+         ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "tlse_distillation_loss": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p,
+         ctypes.POINTER(DistillationOptions)],
+    ),
+    "tlse_distillation_loss_backward": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+         ctypes.POINTER(DistillationOptions)],
     ),
     "tlse_cross_entropy_forward_distributed": (
         _status,

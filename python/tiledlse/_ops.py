@@ -1,10 +1,11 @@
 """The losses as torch.library custom ops (torch >= 2.4), so that torch.compile traces them into
 its graph (fullgraph=True works) instead of breaking the graph at a ctypes call.
 
-Seven ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
+Nine ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
 tiledlse::cross_entropy_backward, tiledlse::cross_entropy_with_gradients (the training step in
 one call), tiledlse::contrastive_forward and tiledlse::contrastive_backward,
-tiledlse::self_contrastive_forward and tiledlse::self_contrastive_backward. Each has a fake
+tiledlse::self_contrastive_forward and tiledlse::self_contrastive_backward,
+tiledlse::distillation_forward and tiledlse::distillation_backward. Each has a fake
 implementation (output shapes and dtypes only, for FakeTensor tracing and dynamic shapes), and
 each forward op has its autograd formula, which calls the backward op (the step's scales the
 gradients it kept): the backward is traced too. The backward ops have no formula of their own,
@@ -260,3 +261,62 @@ def _self_contrastive_gradient(ctx, grad_loss, _grad_lse):
 
 
 self_contrastive_forward.register_autograd(_self_contrastive_gradient, setup_context=_self_contrastive_setup)
+
+
+@torch.library.custom_op("tiledlse::distillation_forward", mutates_args=())
+def distillation_forward(hs: Tensor, ws: Tensor, ht: Tensor, wt: Tensor, targets: Optional[Tensor], divergence: int,
+                         beta: float, temperature: float, alpha: float, ignore_index: int, shift: int, reduction: int,
+                         memory_budget: int) -> Tuple[Tensor, Tensor]:
+    """(loss, row statistics for the backward) of the student hs (N, D_s), ws (V, D_s) against the
+    teacher ht (N, D_t), wt (V, D_t); see _calls.distillation_forward."""
+    config = _calls.DistillationConfig(divergence, beta, temperature, alpha, ignore_index, shift, reduction,
+                                       memory_budget)
+    return _calls.distillation_forward(hs, ws, ht, wt, targets, config)
+
+
+@distillation_forward.register_fake
+def _(hs, ws, ht, wt, targets, divergence, beta, temperature, alpha, ignore_index, shift, reduction, memory_budget):
+    acc = _calls.acc_dtype(hs.dtype)
+    n = hs.shape[0]
+    return (hs.new_empty((n,) if reduction == _NONE else (), dtype=acc),
+            hs.new_empty((n, L.DISTILLATION_ROW_STATS), dtype=acc))
+
+
+@torch.library.custom_op("tiledlse::distillation_backward", mutates_args=())
+def distillation_backward(hs: Tensor, ws: Tensor, ht: Tensor, wt: Tensor, targets: Optional[Tensor], stats: Tensor,
+                          dloss: Tensor, divergence: int, beta: float, temperature: float, alpha: float,
+                          ignore_index: int, shift: int, reduction: int, memory_budget: int, need_hs: bool,
+                          need_ws: bool, need_ht: bool, need_wt: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dHs, dWs, dHt, dWt); a gradient not asked for is an empty tensor."""
+    config = _calls.DistillationConfig(divergence, beta, temperature, alpha, ignore_index, shift, reduction,
+                                       memory_budget)
+    grads = _calls.distillation_backward(hs, ws, ht, wt, targets, stats, dloss, config,
+                                         (need_hs, need_ws, need_ht, need_wt))
+    return _present(hs, grads)
+
+
+@distillation_backward.register_fake
+def _(hs, ws, ht, wt, targets, stats, dloss, divergence, beta, temperature, alpha, ignore_index, shift, reduction,
+      memory_budget, need_hs, need_ws, need_ht, need_wt):
+    return tuple(torch.empty_like(t) if need else hs.new_empty((0,))
+                 for t, need in zip((hs, ws, ht, wt), (need_hs, need_ws, need_ht, need_wt)))
+
+
+def _distillation_setup(ctx, inputs, output):
+    hs, ws, ht, wt, targets, *options = inputs
+    ctx.save_for_backward(hs, ws, ht, wt, targets, output[1])
+    ctx.options = options
+    ctx.set_materialize_grads(False)  # the row statistics get no gradient: no zeros made for them
+
+
+def _distillation_gradient(ctx, grad_loss, _grad_stats):
+    if grad_loss is None:  # not materialized: no gradient reached the loss
+        return _input_gradients(ctx)
+    hs, ws, ht, wt, targets, stats = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grads = torch.ops.tiledlse.distillation_backward(hs, ws, ht, wt, targets, stats, grad_loss, *ctx.options,
+                                                     need[0], need[1], need[2], need[3])
+    return _input_gradients(ctx, *grads)
+
+
+distillation_forward.register_autograd(_distillation_gradient, setup_context=_distillation_setup)

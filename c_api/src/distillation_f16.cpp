@@ -1,0 +1,6 @@
+// The distillation calls for f16 inputs (one dtype per translation unit: they compile in parallel).
+#include "dtype_calls.hpp"
+
+namespace tlse::capi {
+TLSE_CAPI_DISTILLATION(tlse::float16);
+}
