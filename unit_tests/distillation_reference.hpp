@@ -60,8 +60,12 @@ inline DistillReference distillation_reference(const Matrix& Hs, const Matrix& W
     for (std::int64_t j = 0; j < V; ++j) {
       ls[j] = zs[j] - lse_s, lt[j] = zt[j] - lse_t;
       const double ps = std::exp(ls[j]), pt = std::exp(lt[j]);
-      const double m = b * pt + (1 - b) * ps;
-      lm[j] = m == 0 ? -inf : std::log(m);
+      // log m from the log-probabilities: m itself underflows where both p do (a denormal p_t
+      // beside p_s = 0 would give log m = -inf and an infinite term).
+      if (div == tlse::Divergence::jsd) {
+        const double x = std::log(b) + lt[j], y = std::log1p(-b) + ls[j], hi = std::max(x, y);
+        lm[j] = hi == -inf ? -inf : hi + std::log1p(std::exp(std::min(x, y) - hi));
+      }
       if (div == tlse::Divergence::forward_kl) {
         term_t += weighted(pt, lt[j] - ls[j]);
         mag += weighted(pt, 1 + std::fabs(lt[j] - ls[j]));
