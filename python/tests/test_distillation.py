@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledlse
+from tiledlse import _library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "python", "distill.py")
@@ -92,26 +93,44 @@ def assert_close(got, ref, rtol, what):
 
 
 def compare(options, dtype=torch.float64, rtol=1e-10, grad_rtol=None, teacher_grad=True, with_targets=True,
-            batch=None, **sizes):
-    """The loss and the gradients of every operand that requires grad against the reference on
-    the same (rounded) values; an upstream gradient that is not 1."""
-    hs, ws, ht, wt = operands(dtype=dtype, teacher_grad=teacher_grad, batch=batch, **sizes)
+            batch=None, device="cpu", **sizes):
+    """The loss and the gradients of every operand that requires grad, computed on `device`,
+    against the reference on the CPU on the same (rounded) values; an upstream gradient that is not 1."""
+    hs, ws, ht, wt = [t.detach().to(device).requires_grad_(t.requires_grad)
+                      for t in operands(dtype=dtype, teacher_grad=teacher_grad, batch=batch, **sizes)]
     lead = hs.shape[:-1]
     targets = targets_for(lead, ws.shape[0]) if with_targets else None
-    loss = tiledlse.distillation_loss(hs, ws, ht, wt, targets, **options)
-    doubles = [t.detach().double().requires_grad_(t.requires_grad) for t in (hs, ws, ht, wt)]
+    loss = tiledlse.distillation_loss(hs, ws, ht, wt, None if targets is None else targets.to(device), **options)
+    doubles = [t.detach().cpu().double().requires_grad_(t.requires_grad) for t in (hs, ws, ht, wt)]
     ref = reference(*doubles, targets, **options)
     assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    assert loss.shape == ref.shape
-    assert_close(loss, ref, rtol, "loss")
+    assert loss.shape == ref.shape and loss.device.type == device
+    assert_close(loss.cpu(), ref, rtol, "loss")
     upstream = torch.linspace(0.5, 1.5, max(ref.numel(), 1), dtype=torch.float64).view(ref.shape)
     inputs = [t for t in (hs, ws, ht, wt) if t.requires_grad]
-    grads = torch.autograd.grad((loss * upstream.to(loss.dtype)).sum(), inputs)
+    grads = torch.autograd.grad((loss * upstream.to(loss.device, loss.dtype)).sum(), inputs)
     ref_grads = torch.autograd.grad((ref * upstream).sum(), [t for t in doubles if t.requires_grad])
     names = [name for name, t in zip(("hs", "ws", "ht", "wt"), (hs, ws, ht, wt)) if t.requires_grad]
     for name, g, r in zip(names, grads, ref_grads):
-        assert g.dtype == dtype and g.shape == r.shape
-        assert_close(g, r, grad_rtol or rtol, "d" + name)
+        assert g.dtype == dtype and g.shape == r.shape and g.device.type == device
+        assert_close(g.cpu(), r, grad_rtol or rtol, "d" + name)
+
+
+DEVICES = ["cpu"]
+if _library.device_available(_library.DEVICE_CUDA) and torch.cuda.is_available():
+    DEVICES.append("cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd"])
+@pytest.mark.parametrize("dtype, rtol, grad_rtol", [(torch.float64, 1e-10, None), (torch.float32, 2e-5, 2e-5),
+                                                    (torch.bfloat16, 2e-5, 1e-2)], ids=str)
+def test_each_device(device, divergence, dtype, rtol, grad_rtol):
+    """The call on every device this build and machine have (CUDA tensors where a GPU is usable),
+    with the alpha mix, a temperature, ignored rows and a frozen teacher, at the tolerances of
+    test_low_precision_dtypes."""
+    options = dict(divergence=divergence, temperature=2.0, alpha=0.3, reduction="mean")
+    compare(options, dtype=dtype, rtol=rtol, grad_rtol=grad_rtol, teacher_grad=False, device=device)
 
 
 @pytest.mark.parametrize("divergence, beta", [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1),
