@@ -66,6 +66,16 @@ class ArgumentChecker {
       fail(name, "has extent " + std::to_string(got) + " but " + why + " needs " + std::to_string(expected));
   }
 
+  /// A view shaped like a loss (loss, dloss): a vector of one value per row of `rows_of` (`rows`
+  /// of them) under Reduction::none, else of one.
+  template <class V>
+  void loss_shaped(const char* name, const V& v, Reduction reduction, std::size_t rows, const char* rows_of) const {
+    const bool none = reduction == Reduction::none;
+    vector(name, v);
+    extent(name, v.extent(0), none ? rows : 1,
+           none ? std::string("Reduction::none (one loss per row of ") + rows_of + ")" : std::string("a reduced loss"));
+  }
+
   /// An optional vector: empty (not requested), or exactly `expected` long.
   template <class V>
   bool optional(const char* name, const V& v, std::size_t expected, const std::string& why) const {

@@ -205,9 +205,7 @@ struct CrossEntropyCall {
   /// Reduction::none, else one (after validate()).
   template <class LossV>
   void check_loss_shape(const char* name, const LossV& v) const {
-    const bool none = o.reduction == Reduction::none;
-    check.vector(name, v);
-    check.extent(name, v.extent(0), none ? N : 1, none ? "Reduction::none (one loss per row of E)" : "a reduced loss");
+    check.loss_shaped(name, v, o.reduction, N, "E");
   }
 
   /// Which gradients a backward call writes.
@@ -392,12 +390,7 @@ struct CrossEntropyCall {
   template <class DEV>
   void zero_unscored_rows(const int* row_target, const DEV& dE) const {
     if (o.accumulate || dE.extent(0) == 0 || active_count == N) return;  // a pass over dE for nothing
-    T* out = dE.data();
-    const index_t D = index_t(dE.extent(1));
-    Kokkos::parallel_for("tlse::cross_entropy_zero_ignored", Kokkos::RangePolicy<Exec>(exec, 0, N * D),
-                         KOKKOS_LAMBDA(index_t idx) {
-                           if (row_target[idx / D] < 0) out[idx] = T(0.0f);
-                         });
+    zero_unlisted_rows(exec, row_target, dE.data(), N, index_t(dE.extent(1)));
   }
 
   BackwardShape backward_shape() const { return cross_entropy_shape(E, C, o); }

@@ -116,9 +116,7 @@ struct DistillationCall {
   /// Reduction::none, else one.
   template <class LossV>
   void check_loss_shape(const char* name, const LossV& v) const {
-    const bool none = o.reduction == Reduction::none;
-    check.vector(name, v);
-    check.extent(name, v.extent(0), none ? N : 1, none ? "Reduction::none (one loss per row of Hs)" : "a reduced loss");
+    check.loss_shaped(name, v, o.reduction, N, "Hs");
   }
 
   /// Checks row_stats: (N x distillation_row_stats), row-major.
@@ -228,12 +226,7 @@ struct DistillationCall {
   template <class DV>
   void zero_unscored_rows(const int* active_position, const DV& d) const {
     if (o.accumulate || d.extent(0) == 0 || active_count == N) return;
-    T* out = d.data();
-    const index_t D = index_t(d.extent(1));
-    Kokkos::parallel_for(
-        "tlse::distillation_zero_unscored", Kokkos::RangePolicy<Exec>(exec, 0, N * D), KOKKOS_LAMBDA(index_t idx) {
-          if (active_position[idx / D] < 0) out[idx] = T(0.0f);
-        });
+    zero_unlisted_rows(exec, active_position, d.data(), N, index_t(d.extent(1)));
   }
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Lists of row positions: those that pass a test, in order (compact_indices: the rows that are
-// scored), and the inverse of such a list, each row's place in it (invert_index).
+// scored), the inverse of such a list, each row's place in it (invert_index), and the rows that
+// are in no list (zero_unlisted_rows).
 #include <tlse/impl/tile_problem.hpp>
 
 namespace tlse::impl {
@@ -29,6 +30,16 @@ void invert_index(const Exec& exec, const int* list, index_t count, index_t stor
   Kokkos::parallel_for(
       "tlse::invert_index", Kokkos::RangePolicy<Exec>(exec, 0, count),
       KOKKOS_LAMBDA(index_t p) { position[list[p]] = int(p); });
+}
+
+/// Zeroes row r of the row-major (rows x depth) `out` wherever marker[r] < 0: a row no pass visits
+/// (invert_index's -1, or a target that marks a row not scored), whose gradient is then 0.
+template <class Exec, class T>
+void zero_unlisted_rows(const Exec& exec, const int* marker, T* out, index_t rows, index_t depth) {
+  Kokkos::parallel_for(
+      "tlse::zero_unlisted_rows", Kokkos::RangePolicy<Exec>(exec, 0, rows * depth), KOKKOS_LAMBDA(index_t idx) {
+        if (marker[idx / depth] < 0) out[idx] = T(0.0f);
+      });
 }
 
 }  // namespace tlse::impl
