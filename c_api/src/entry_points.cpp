@@ -289,17 +289,21 @@ tlse::Precision precision_of(const char* function, std::int32_t precision) {
   return precision == TLSE_PRECISION_TF32 ? tlse::Precision::tf32 : tlse::Precision::exact;
 }
 
+tlse::Reduction reduction_of(const char* function, std::int32_t reduction) {
+  if (reduction < TLSE_REDUCTION_NONE || reduction > TLSE_REDUCTION_MEAN)
+    invalid(function, "options.reduction", "is " + std::to_string(reduction) + ", not a tlse_reduction");
+  return reduction == TLSE_REDUCTION_NONE  ? tlse::Reduction::none
+         : reduction == TLSE_REDUCTION_SUM ? tlse::Reduction::sum
+                                           : tlse::Reduction::mean;
+}
+
 tlse::CrossEntropyOptions convert(const char* function, const tlse_cross_entropy_options* given) {
   tlse_cross_entropy_options o;
   tlse_cross_entropy_options_default(&o);
   if (given) o = *given;
-  if (o.reduction < TLSE_REDUCTION_NONE || o.reduction > TLSE_REDUCTION_MEAN)
-    invalid(function, "options.reduction", "is " + std::to_string(o.reduction) + ", not a tlse_reduction");
   tlse::CrossEntropyOptions r;
   r.ignore_index = o.ignore_index;
-  r.reduction = o.reduction == TLSE_REDUCTION_NONE ? tlse::Reduction::none
-                : o.reduction == TLSE_REDUCTION_SUM ? tlse::Reduction::sum
-                                                    : tlse::Reduction::mean;
+  r.reduction = reduction_of(function, o.reduction);
   r.shift = o.shift;
   r.softcap = o.softcap;
   r.z_loss = o.z_loss;
@@ -341,15 +345,11 @@ tlse::DistillationOptions convert(const char* function, const tlse_distillation_
         function, "options.divergence",
         "is " + std::to_string(o.divergence) +
             ", not a tlse_divergence (TLSE_DIVERGENCE_FORWARD_KL, TLSE_DIVERGENCE_REVERSE_KL or TLSE_DIVERGENCE_JSD)");
-  if (o.reduction < TLSE_REDUCTION_NONE || o.reduction > TLSE_REDUCTION_MEAN)
-    invalid(function, "options.reduction", "is " + std::to_string(o.reduction) + ", not a tlse_reduction");
   tlse::DistillationOptions r;
   r.divergence = o.divergence == TLSE_DIVERGENCE_FORWARD_KL   ? tlse::Divergence::forward_kl
                  : o.divergence == TLSE_DIVERGENCE_REVERSE_KL ? tlse::Divergence::reverse_kl
                                                               : tlse::Divergence::jsd;
-  r.reduction = o.reduction == TLSE_REDUCTION_NONE  ? tlse::Reduction::none
-                : o.reduction == TLSE_REDUCTION_SUM ? tlse::Reduction::sum
-                                                    : tlse::Reduction::mean;
+  r.reduction = reduction_of(function, o.reduction);
   r.beta = o.beta;
   r.temperature = o.temperature;
   r.alpha = o.alpha;

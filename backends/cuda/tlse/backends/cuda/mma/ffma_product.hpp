@@ -1,7 +1,8 @@
 #pragma once
-// The exact float32 products of the tile kernels (Precision::exact on float inputs): the same
-// 128 x 128 tiles, shared-memory stages and cp.async pipeline as the tensor-core kernels
-// (mma/nt_sweep.hpp, mma/backward.hpp), multiplied with FFMA instead of mma.sync. Each thread
+// The FFMA products of the tile kernels for exact float32 (Precision::exact on float inputs under
+// TLSE_CUDA_EXACT_F32=ffma; 3xTF32, mma/nt_sweep.hpp, is the default): the same 128 x 128 tiles,
+// shared-memory stages and cp.async pipeline as the tensor-core kernels (mma/nt_sweep.hpp,
+// mma/backward.hpp), multiplied with FFMA instead of mma.sync. Each thread
 // computes the 8 x 8 block of the tile that the mma.sync accumulator layout gives it
 // (TileAccumulator, WarpPosition: rows wm 64 + 16 mt + lane / 4 + 8 h, columns
 // wn 32 + 8 nt + 2 (lane % 4) + j), so the epilogues (LseEpilogue, GradientEpilogue) and the
