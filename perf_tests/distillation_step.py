@@ -55,6 +55,8 @@ def main():
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--skip-torch", action="store_true", help="time TiledLSE only")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also print the GPU kernels' time of one step per budget (torch.profiler)")
     args = parser.parse_args()
     n, ds, dt, v = args.shape
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -97,6 +99,21 @@ def main():
                                                       memory_budget=mib << 20))
         print(json.dumps(dict(case, method="tiledlse", budget_MiB=mib, loss=run().item(),
                               fwbw_ms=timed(run, args.iterations), fwbw_MiB=peak_mib(run))), flush=True)
+        if args.kernels:
+            print_kernels(run, f"tiledlse, budget {mib} MiB")
+
+
+def print_kernels(run, label):
+    """The GPU time of one step by kernel, largest first (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / 1e3, e.count) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    print(f"# kernels of one step, {label}: {sum(r[1] for r in rows):.2f} ms in all")
+    for name, ms, count in rows[:12]:
+        print(f"#   {ms:9.3f} ms  x{count:<4d} {name[:110]}")
 
 
 if __name__ == "__main__":

@@ -220,6 +220,24 @@ TYPED_TEST(Distillation, SeveralTilesPerTeam) {
   this->check({130, 300, 40, 72, with(tlse::Divergence::jsd, 0.5, 1.0, 0.25)}, rng);
 }
 
+TYPED_TEST(Distillation, VocabularyInPanels) {
+  TLSE_SEEDED(rng);
+  // A budget that holds panels of 256 columns on the GPU's tile-pair kernels
+  // (hopper/distillation.hpp; depths multiples of 8 as they take them): three panels, the last
+  // of an odd width, with and without the teacher's row accumulator beside them.
+  const std::size_t budget = 8 * 70 * 256 + 4 * 70 * (24 + 40) + 1536;
+  for (auto d : {tlse::Divergence::forward_kl, tlse::Divergence::reverse_kl, tlse::Divergence::jsd}) {
+    auto o = with(d, 0.3, 2.0, 0.5);
+    o.shift = 1;
+    o.accumulate = true;
+    o.memory_budget = budget;
+    this->check({70, 701, 24, 40, o, 0.2, true, true, 3.0, Mask::very_negative}, rng);
+  }
+  auto o = with(tlse::Divergence::forward_kl);
+  o.memory_budget = budget;
+  this->check({70, 701, 24, 40, o, 0.0, true, false, 3.0, Mask::negative_infinity}, rng);
+}
+
 TYPED_TEST(Distillation, ExtremeLogitsNear1e4) {
   TLSE_SEEDED(rng);
   // The KLs' gradients grow with the logits' differences times the weights (about 1e4 x 1e4 /

@@ -19,17 +19,20 @@ namespace tlse {
 /// \param Ht (N x D_t) teacher hidden states (only the extents are read)
 /// \param Wt (V x D_t) teacher classifier (only the extents are read)
 /// \param opts the options the calls will get
-/// \return bytes for DistillationOptions::workspace: O(N + V), whatever opts.memory_budget (the
-///         generic kernels need no more).
+/// \return bytes for DistillationOptions::workspace: O(N + V) on the generic kernels; on the GPU's
+///         tile-pair kernels (bf16 on Hopper) also their panels of both heads' logits, at most
+///         opts.memory_budget.
 template <class Exec, class HsV, class WsV, class HtV, class WtV>
 std::size_t distillation_loss_workspace_bytes(const Exec& exec, const HsV& Hs, const WsV& Ws, const HtV& Ht,
                                               const WtV& Wt, const DistillationOptions& opts = {}) {
-  using Acc = accumulator_t<impl::scalar_of<HsV>>;
-  (void)Ht, (void)Wt, (void)opts;
+  using T = impl::scalar_of<HsV>;
+  using Acc = accumulator_t<T>;
+  (void)Wt;
   const impl::index_t N = Hs.extent(0), V = Ws.extent(0);
+  const std::size_t pairs = impl::distillation_pair_scratch_bytes<T>(exec, Hs, Ws, Ht, opts);
   impl::WorkspaceCarver forward, backward;
-  impl::DistillationForwardArrays<Acc>::carve(forward, exec, N, V);
-  impl::DistillationBackwardArrays<Acc>::carve(backward, N);
+  impl::DistillationForwardArrays<Acc>::carve(forward, exec, N, V, pairs);
+  impl::DistillationBackwardArrays<Acc>::carve(backward, N, pairs);
   return std::max(forward.bytes(), backward.bytes());
 }
 
@@ -39,7 +42,8 @@ std::size_t distillation_loss_workspace_bytes(const Exec& exec, const HsV& Hs, c
 /// the student's hard-label cross-entropy on its unscaled logits Hs_i Ws^T against targets(i +
 /// shift). Rows whose target is ignore_index, and the last `shift` rows, are not scored (loss 0).
 /// No T^2 factor (see DistillationOptions::temperature). Extra memory: O(N) in row_stats and
-/// O(N + V) workspace (distillation_loss_workspace_bytes), no N x V buffer.
+/// the workspace (distillation_loss_workspace_bytes: O(N + V), and on the GPU's tile-pair kernels
+/// panels of both heads' logits within opts.memory_budget), no N x V buffer.
 /// \param exec execution space instance; kernels are enqueued on it
 /// \param Hs (N x D_s) row-major view of T (float, double, tlse::bfloat16, tlse::float16)
 /// \param Ws (V x D_s) row-major view of T
@@ -73,38 +77,47 @@ void distillation_loss(const Exec& exec, const HsV& Hs, const WsV& Ws, const HtV
   const impl::index_t N = call.N, V = call.V;
   Kokkos::Profiling::pushRegion("tlse::distillation_loss");
   using Arrays = impl::DistillationForwardArrays<Acc>;
+  const std::size_t pairs = impl::distillation_pair_scratch_bytes<T>(exec, Hs, Ws, Ht, opts);
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, exec, N, V); },
+      check.function(), exec, opts.workspace,
+      [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, exec, N, V, pairs); },
       [&](const Arrays& a) {
         const impl::index_t active_count = call.active_count;
         call.prepare_rows(a.row_target, a.active, a.position);
         Acc* stats = row_stats.data();
         impl::fill(exec, stats, N * distillation_row_stats, Acc(0));
         const auto pp = call.problem(a.active, a.position, stats);
-        const auto grid = impl::ForwardGrid::plan(exec, active_count, V);
-        const auto store = [&](const Acc* value, int field) {
-          impl::store_row_stat(exec, a.active, active_count, value, field, stats);
-        };
-        impl::lse_forward(exec, pp.student, grid, a.partials, a.lse, (Acc*)nullptr, (Acc*)nullptr);
-        store(a.lse, impl::stat_lse_s);
-        if (opts.alpha > 0) {
-          // The cross-entropy's logits are the student's at T = 1.
-          auto ce = pp.student;
-          ce.logit.scale = Acc(1);
-          if (opts.temperature != 1.0)
-            impl::lse_forward(exec, ce, grid, a.partials, a.lse, (Acc*)nullptr, (Acc*)nullptr);
-          store(a.lse, impl::stat_lse_ce);
+        const bool with_ce = opts.alpha > 0;
+        // The cross-entropy's logits are the student's at T = 1.
+        auto ce = pp.student;
+        ce.logit.scale = Acc(1);
+        if (!impl::distillation_statistics(exec, pp, stats, with_ce, opts.temperature != 1.0, a.pair_scratch,
+                                           a.pair_scratch_bytes)) {
+          const auto grid = impl::ForwardGrid::plan(exec, active_count, V);
+          const auto store = [&](const Acc* value, int field) {
+            impl::store_row_stat(exec, a.active, active_count, value, field, stats);
+          };
+          impl::lse_forward(exec, pp.student, grid, a.partials, a.lse, (Acc*)nullptr, (Acc*)nullptr);
+          store(a.lse, impl::stat_lse_s);
+          if (with_ce) {
+            if (opts.temperature != 1.0)
+              impl::lse_forward(exec, ce, grid, a.partials, a.lse, (Acc*)nullptr, (Acc*)nullptr);
+            store(a.lse, impl::stat_lse_ce);
+          }
+          impl::lse_forward(exec, pp.teacher, grid, a.partials, a.lse, (Acc*)nullptr, (Acc*)nullptr);
+          store(a.lse, impl::stat_lse_t);
+          impl::distillation_terms(exec, pp, grid, a.partials, a.term_s, a.term_t, a.pair_scratch,
+                                   a.pair_scratch_bytes);
+          store(a.term_s, impl::stat_term_s);
+          store(a.term_t, impl::stat_term_t);
+        }
+        if (with_ce) {
           const int* active = a.active;
           const int* row_target = a.row_target;
           impl::pair_logits(
               exec, ce, active_count, KOKKOS_LAMBDA(impl::index_t k) { return impl::index_t(active[k]); },
               KOKKOS_LAMBDA(impl::index_t k) { return impl::index_t(row_target[active[k]]); }, a.target_logit);
         }
-        impl::lse_forward(exec, pp.teacher, grid, a.partials, a.lse, (Acc*)nullptr, (Acc*)nullptr);
-        store(a.lse, impl::stat_lse_t);
-        impl::distillation_terms(exec, pp, grid, a.partials, a.term_s, a.term_t);
-        store(a.term_s, impl::stat_term_s);
-        store(a.term_t, impl::stat_term_t);
         call.row_losses(a.active, stats, a.target_logit, a.row_loss);
         impl::write_row_losses(exec, opts.reduction == Reduction::none, (const Acc*)a.row_loss, N, loss.data(),
                                a.total);
@@ -116,7 +129,9 @@ void distillation_loss(const Exec& exec, const HsV& Hs, const WsV& Ws, const HtV
 /// and writes the gradients dHs (N x D_s), dWs (V x D_s), dHt (N x D_t) and dWt (V x D_t); any of
 /// them may be an empty view (not computed: the teacher is frozen when dHt and dWt are empty).
 /// Rows that are not scored get zero gradient. No atomics: bitwise reproducible. Extra memory:
-/// O(N) workspace plus Kokkos team scratch (32 x (D_s + D_t) accumulators per running team).
+/// the workspace (as the forward's; the GPU's tile-pair kernels also sum dHs, and dHt where
+/// wanted, in fp32 there) or, on the generic kernels, O(N) workspace plus Kokkos team scratch
+/// (32 x (D_s + D_t) accumulators per running team).
 /// \param exec execution space instance
 /// \param Hs, Ws, Ht, Wt, targets the forward's inputs
 /// \param row_stats (N x distillation_row_stats) the forward's row_stats output
@@ -154,8 +169,9 @@ void distillation_loss_backward(const Exec& exec, const HsV& Hs, const WsV& Ws, 
   const impl::index_t N = call.N;
   Kokkos::Profiling::pushRegion("tlse::distillation_loss_backward");
   using Arrays = impl::DistillationBackwardArrays<Acc>;
+  const std::size_t pairs = impl::distillation_pair_scratch_bytes<T>(exec, Hs, Ws, Ht, opts);
   impl::with_workspace(
-      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N); },
+      check.function(), exec, opts.workspace, [&](impl::WorkspaceCarver& c) { return Arrays::carve(c, N, pairs); },
       [&](const Arrays& a) {
         call.prepare_rows(a.row_target, a.active, a.position);
         call.gradient_coefficients(a.active, dloss, a.div, a.ce);
@@ -165,7 +181,7 @@ void distillation_loss_backward(const Exec& exec, const HsV& Hs, const WsV& Ws, 
         impl::DistillationGradientTerms<Acc> g{a.div, opts.alpha > 0 ? a.ce : nullptr, a.row_target};
         impl::distillation_backward(exec, pp, g, wanted.dHs ? dHs.data() : nullptr, wanted.dWs ? dWs.data() : nullptr,
                                     wanted.dHt ? dHt.data() : nullptr, wanted.dWt ? dWt.data() : nullptr,
-                                    opts.accumulate);
+                                    opts.accumulate, a.pair_scratch, a.pair_scratch_bytes);
       });
   Kokkos::Profiling::popRegion();
 }

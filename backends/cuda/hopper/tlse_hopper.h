@@ -195,7 +195,9 @@ typedef struct {
 } tlse_hop_gradient_args;
 
 /** out = A (M x K) times B (K x N), fp32 accumulation, into one of out_f32 and out. bf16 and fp16
- * take b_transposed = 1 and either A; TF32 takes neither transposed (K-major operands). K is split
+ * take b_transposed = 1 and either A, or neither transposed; TF32 takes neither transposed (K-major
+ * operands). N is even but for out_f32 written (not accumulated) in one K split with ldo > N, where
+ * an odd N's column N (within ldo) gets a 0. K is split
  * into at most max_k_splits fixed-order pieces when the output has too few tiles to fill the
  * device; the pieces' fp32 partials go to `workspace`. */
 typedef struct {

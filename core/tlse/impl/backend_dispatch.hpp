@@ -111,6 +111,45 @@ struct LseStepSpecialization {
   }
 };
 
+/// What a distillation call's scratch is planned from: the stored rows (tokens), the columns
+/// (vocabulary), both heads' depths and the call's memory budget.
+struct DistillationShape {
+  index_t rows = 0, cols = 0, depth_s = 0, depth_t = 0;
+  std::size_t memory_budget = memory_budget_default;
+};
+
+/// The distillation's tile pairs (distillation_tiles.hpp): the whole forward in one sweep (a
+/// PairStatisticsRequest), or the forward's divergence sums after the LSE sweeps (a
+/// PairTermsRequest), and the backward (a PairBackwardRequest). `scratch_bytes` is the scratch a
+/// call carves for them (0: the generic kernels, which need none); `statistics`, `terms` and
+/// `backward` return false to leave the request to the generic kernels.
+template <class Exec>
+struct DistillationSpecialization {
+  template <class T>
+  static std::size_t scratch_bytes(const Exec&, const DistillationShape&) {
+    return 0;
+  }
+  template <class Request>
+  static bool statistics(const Exec&, const Request&) {
+    return false;
+  }
+  template <class Request>
+  static bool terms(const Exec&, const Request&) {
+    return false;
+  }
+  template <class Request>
+  static bool backward(const Exec&, const Request&) {
+    return false;
+  }
+};
+
+/// Scratch of the distillation's specialization for the shape within its budget (0: none).
+template <class T, class Exec>
+std::size_t distillation_scratch_bytes(const Exec& exec, const DistillationShape& shape) {
+  if (!specializations_enabled()) return 0;
+  return DistillationSpecialization<Exec>::template scratch_bytes<T>(exec, shape);
+}
+
 /// Scratch of a training step's specialization (0: the step runs as a forward and a backward).
 template <class T, class Exec>
 std::size_t step_scratch_bytes(const Exec& exec, const BackwardShape& shape) {

@@ -243,6 +243,20 @@ DistillationCall<Exec, HsV, WsV, HtV, WtV, TargetV> distillation_call(const Exec
   return {exec, check, Hs, Ws, Ht, Wt, targets, o};
 }
 
+/// The scratch a single-device call lends the backend's tile pairs (distillation_scratch_bytes
+/// within opts.memory_budget; 0 on the generic kernels).
+template <class T, class Exec, class HsV, class WsV, class HtV>
+std::size_t distillation_pair_scratch_bytes(const Exec& exec, const HsV& Hs, const WsV& Ws, const HtV& Ht,
+                                            const DistillationOptions& o) {
+  DistillationShape shape;
+  shape.rows = index_t(Hs.extent(0));
+  shape.cols = index_t(Ws.extent(0));
+  shape.depth_s = index_t(Hs.extent(1));
+  shape.depth_t = index_t(Ht.extent(1));
+  shape.memory_budget = o.memory_budget;
+  return distillation_scratch_bytes<T>(exec, shape);
+}
+
 /// The saved statistics as an (N x distillation_row_stats) matrix of Acc.
 template <class Exec, class T, class V>
 constexpr void static_check_row_stats() {
@@ -257,9 +271,14 @@ template <class Acc>
 struct DistillationForwardArrays {
   int *row_target, *active, *position;
   Acc *stats, *lse, *term_s, *term_t, *target_logit, *row_loss, *total, *partials;
+  char* pair_scratch;  // the backend's tile pairs' (distillation_pair_scratch_bytes)
+  std::size_t pair_scratch_bytes;
   template <class Exec>
-  static DistillationForwardArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V) {
+  static DistillationForwardArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V,
+                                         std::size_t pair_scratch_bytes) {
     DistillationForwardArrays a;
+    a.pair_scratch = c.take<char>(index_t(pair_scratch_bytes));
+    a.pair_scratch_bytes = pair_scratch_bytes;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
     a.position = c.take<int>(N);
@@ -279,8 +298,12 @@ template <class Acc>
 struct DistillationBackwardArrays {
   int *row_target, *active, *position;
   Acc *div, *ce;
-  static DistillationBackwardArrays carve(WorkspaceCarver& c, index_t N) {
+  char* pair_scratch;  // the backend's tile pairs' (distillation_pair_scratch_bytes)
+  std::size_t pair_scratch_bytes;
+  static DistillationBackwardArrays carve(WorkspaceCarver& c, index_t N, std::size_t pair_scratch_bytes) {
     DistillationBackwardArrays a;
+    a.pair_scratch = c.take<char>(index_t(pair_scratch_bytes));
+    a.pair_scratch_bytes = pair_scratch_bytes;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
     a.position = c.take<int>(N);

@@ -16,6 +16,7 @@
 // An entry with p = 0 adds 0 to a sum weighted by p (0 log 0 = 0), so masked (-inf) classes are
 // no NaN; p_t > 0 where p_s = 0 gives the forward KL +inf, as the math does.
 #include <tlse/distillation_options.hpp>
+#include <tlse/impl/backend_dispatch.hpp>
 #include <tlse/impl/dot_tile.hpp>
 #include <tlse/impl/lse_forward.hpp>
 
@@ -173,16 +174,68 @@ struct PairForwardTiles {
   }
 };
 
+/// The forward whole, as a backend specialization may take it in one sweep where the divergence
+/// allows (the KLs: their sums need no LSE beforehand): each scored row's statistics into stats
+/// (by row id), pp.stats unread. ce_lse: the cross-entropy's LSE is wanted (alpha > 0), at scale 1
+/// where ce_own (T != 1), else the student's; without it, 0 (as the LSE sweeps leave it).
+template <class T, class Acc>
+struct PairStatisticsRequest {
+  PairProblem<T, Acc> pp;
+  Acc* stats;
+  bool ce_lse, ce_own;
+  char* scratch;
+  std::size_t scratch_bytes;
+
+  /// Row r's statistics.
+  KOKKOS_INLINE_FUNCTION static void store(Acc* stats, index_t r, Acc lse_s, Acc lse_t, Acc lse_ce, Acc term_s,
+                                           Acc term_t) {
+    Acc* st = stats + r * distillation_row_stats;
+    st[stat_lse_s] = lse_s;
+    st[stat_lse_t] = lse_t;
+    st[stat_lse_ce] = lse_ce;
+    st[stat_term_s] = term_s;
+    st[stat_term_t] = term_t;
+  }
+};
+
+/// Runs the forward's statistics on a backend's specialization (scratch: its
+/// distillation_scratch_bytes, or none); false: the LSE sweeps and distillation_terms are to run.
+template <class Exec, class T, class Acc>
+bool distillation_statistics(const Exec& exec, const PairProblem<T, Acc>& pp, Acc* stats, bool ce_lse, bool ce_own,
+                             char* scratch, std::size_t scratch_bytes) {
+  return pp.student.rows.count > 0 && pp.student.cols.count > 0 && scratch_bytes > 0 && specializations_enabled() &&
+         DistillationSpecialization<Exec>::statistics(
+             exec, PairStatisticsRequest<T, Acc>{pp, stats, ce_lse, ce_own, scratch, scratch_bytes});
+}
+
+/// The forward's second sweep as a backend specialization takes it: term_s[id], term_t[id] (by
+/// row id) for the row positions of pp, with `scratch_bytes` of scratch (the call's
+/// distillation_scratch_bytes, or fewer).
+template <class T, class Acc>
+struct PairTermsRequest {
+  PairProblem<T, Acc> pp;
+  Acc* term_s;
+  Acc* term_t;
+  char* scratch;
+  std::size_t scratch_bytes;
+};
+
 /// Number of Acc values distillation_terms needs as `partials` for `rows` row positions.
 inline index_t distillation_partials_size(const ForwardGrid& g, index_t rows) { return 2 * g.grid_cols * rows; }
 
 /// Runs the forward's second sweep: term_s[rows.id(p)], term_t[rows.id(p)] (by row id) for the
 /// row positions of pp, summed over pp's columns.
+/// A backend's specialization (scratch: its distillation_scratch_bytes, or none) takes the sweep
+/// first.
 template <class Exec, class T, class Acc>
 void distillation_terms(const Exec& exec, const PairProblem<T, Acc>& pp, const ForwardGrid& grid, Acc* partials,
-                        Acc* term_s, Acc* term_t) {
+                        Acc* term_s, Acc* term_t, char* scratch = nullptr, std::size_t scratch_bytes = 0) {
   using F = PairForwardTiles<T, Acc>;
   const index_t nr = pp.student.rows.count, nc = pp.student.cols.count;
+  if (nr > 0 && nc > 0 && scratch_bytes > 0 && specializations_enabled() &&
+      DistillationSpecialization<Exec>::terms(exec,
+                                              PairTermsRequest<T, Acc>{pp, term_s, term_t, scratch, scratch_bytes}))
+    return;
   F f{pp, grid, partials, partials + grid.grid_cols * nr};
   if (nr > 0 && nc > 0) {
     const int team = is_host_space<Exec>() ? 1 : 64;
@@ -207,6 +260,38 @@ struct DistillationGradientTerms {
   const int* target = nullptr;
 };
 
+/// dL/d(dot) of both heads at an entry (row id r, column id c) from its two dot products: the
+/// divergence's through the row coefficients, plus the student's cross-entropy.
+template <class T, class Acc>
+struct PairGradient {
+  PairProblem<T, Acc> pp;
+  DistillationGradientTerms<Acc> g;
+
+  KOKKOS_INLINE_FUNCTION void operator()(Acc dot_s, Acc dot_t, index_t r, index_t c, Acc& gs, Acc& gt) const {
+    Acc ls, lt, ds, dt;
+    pp.log_probs(dot_s, dot_t, r, c, ls, lt);
+    const Acc* st = pp.stats + r * distillation_row_stats;
+    pp.model.dlogits(ls, lt, st[stat_term_s], st[stat_term_t], ds, dt);
+    gs = g.div[r] * ds * pp.student.logit.scale;
+    gt = g.div[r] * dt * pp.teacher.logit.scale;
+    if (g.ce) gs += g.ce[r] * (impl::exp(dot_s - st[stat_lse_ce]) - (g.target[r] == c ? Acc(1) : Acc(0)));
+  }
+};
+
+/// The backward as a backend specialization takes it: the gradients (each nullptr: not wanted;
+/// dHs and dHt by row id of type G, dWs and dWt by column id), with `scratch_bytes` of scratch.
+template <class T, class Acc, class G>
+struct PairBackwardRequest {
+  PairGradient<T, Acc> grad;
+  G* dHs;
+  T* dWs;
+  G* dHt;
+  T* dWt;
+  bool accumulate;
+  char* scratch;
+  std::size_t scratch_bytes;
+};
+
 /// A backward pass over tile pairs: teams own row tiles (grad_s = dHs, grad_t = dHt) or column
 /// tiles (dWs, dWt), recompute both heads' tiles against the whole other side, form dL/dx of
 /// each head and add its product with that head's other operand into level-1 scratch (TM x
@@ -216,8 +301,7 @@ template <class T, class Acc, class G = T, class Tile = GenericTile>
 struct PairBackwardTiles {
   static constexpr int TM = Tile::TM, TN = Tile::TN, SLD = DotTileScratch<Acc, Tile>::SLD;
   static_assert(TM == TN, "the owned and the other side swap roles, so tiles are square");
-  PairProblem<T, Acc> pp;
-  DistillationGradientTerms<Acc> g;
+  PairGradient<T, Acc> grad;
   bool owner_is_row;
   G* grad_s;  // by owned id, nullptr: not wanted
   G* grad_t;
@@ -225,7 +309,7 @@ struct PairBackwardTiles {
 
   static std::size_t scratch0_bytes() { return PairScratch<Acc, Tile>::bytes(); }
   std::size_t scratch1_bytes() const {
-    return sizeof(Acc) * TM * std::size_t((grad_s ? pp.student.depth : 0) + (grad_t ? pp.teacher.depth : 0));
+    return sizeof(Acc) * TM * std::size_t((grad_s ? grad.pp.student.depth : 0) + (grad_t ? grad.pp.teacher.depth : 0));
   }
   KOKKOS_INLINE_FUNCTION const Side<T>& owned(const TileProblem<T, Acc>& p) const {
     return owner_is_row ? p.rows : p.cols;
@@ -234,19 +318,9 @@ struct PairBackwardTiles {
     return owner_is_row ? p.cols : p.rows;
   }
 
-  /// dL/d(dot) of both heads at the entry (row id r, column id c).
-  KOKKOS_INLINE_FUNCTION void dlogits(Acc dot_s, Acc dot_t, index_t r, index_t c, Acc& gs, Acc& gt) const {
-    Acc ls, lt, ds, dt;
-    pp.log_probs(dot_s, dot_t, r, c, ls, lt);
-    const Acc* st = pp.stats + r * distillation_row_stats;
-    pp.model.dlogits(ls, lt, st[stat_term_s], st[stat_term_t], ds, dt);
-    gs = g.div[r] * ds * pp.student.logit.scale;
-    gt = g.div[r] * dt * pp.teacher.logit.scale;
-    if (g.ce) gs += g.ce[r] * (impl::exp(dot_s - st[stat_lse_ce]) - (g.target[r] == c ? Acc(1) : Acc(0)));
-  }
-
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const PairProblem<T, Acc>& pp = grad.pp;
     const PairScratch<Acc, Tile> sc(member);
     const index_t ds = pp.student.depth, dt = pp.teacher.depth;
     const index_t len_s = grad_s ? TM * ds : 0, len_t = grad_t ? TM * dt : 0;
@@ -272,9 +346,9 @@ struct PairBackwardTiles {
           }
           const index_t oid = own_s.id(o0 + o), xid = oth_s.id(x0 + x);
           if (owner_is_row)
-            dlogits(s[x], t[x], oid, xid, s[x], t[x]);
+            grad(s[x], t[x], oid, xid, s[x], t[x]);
           else
-            dlogits(s[x], t[x], xid, oid, s[x], t[x]);
+            grad(s[x], t[x], xid, oid, s[x], t[x]);
         }
       });
       member.team_barrier();
@@ -291,7 +365,7 @@ struct PairBackwardTiles {
 template <class Exec, class T, class Acc, class G>
 void distillation_backward_pass(const Exec& exec, const PairBackwardTiles<T, Acc, G>& f) {
   using F = PairBackwardTiles<T, Acc, G>;
-  const index_t owned = f.owned(f.pp.student).count;
+  const index_t owned = f.owned(f.grad.pp.student).count;
   if (owned == 0 || (!f.grad_s && !f.grad_t)) return;
   const int team = is_host_space<Exec>() ? 1 : 64;
   Kokkos::TeamPolicy<Exec> policy(exec, int((owned + F::TM - 1) / F::TM), team);
@@ -303,13 +377,21 @@ void distillation_backward_pass(const Exec& exec, const PairBackwardTiles<T, Acc
 
 /// The backward's two passes: rows (dHs, dHt, by row id of the scored rows only; of type G) then
 /// columns (dWs, dWt, by column id). Each gradient may be nullptr (not wanted). `accumulate`
-/// adds into all four.
+/// adds into all four. A backend's specialization (scratch: its distillation_scratch_bytes, or
+/// none) takes the backward first.
 template <class Exec, class T, class Acc, class G>
 void distillation_backward(const Exec& exec, const PairProblem<T, Acc>& pp, const DistillationGradientTerms<Acc>& g,
-                           G* dHs, T* dWs, G* dHt, T* dWt, bool accumulate) {
-  PairBackwardTiles<T, Acc, G> rows{pp, g, true, dHs, dHt, accumulate};
+                           G* dHs, T* dWs, G* dHt, T* dWt, bool accumulate, char* scratch = nullptr,
+                           std::size_t scratch_bytes = 0) {
+  const PairGradient<T, Acc> grad{pp, g};
+  if ((dHs || dWs || dHt || dWt) && pp.student.rows.count > 0 && pp.student.cols.count > 0 && scratch_bytes > 0 &&
+      specializations_enabled() &&
+      DistillationSpecialization<Exec>::backward(
+          exec, PairBackwardRequest<T, Acc, G>{grad, dHs, dWs, dHt, dWt, accumulate, scratch, scratch_bytes}))
+    return;
+  PairBackwardTiles<T, Acc, G> rows{grad, true, dHs, dHt, accumulate};
   distillation_backward_pass(exec, rows);
-  PairBackwardTiles<T, Acc, T> cols{pp, g, false, dWs, dWt, accumulate};
+  PairBackwardTiles<T, Acc, T> cols{grad, false, dWs, dWt, accumulate};
   distillation_backward_pass(exec, cols);
 }
 

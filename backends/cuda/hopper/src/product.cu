@@ -1,5 +1,6 @@
 // tlse_hop_product: the backward's products (mainloop + ProductEpilogue). bf16 and fp16: G as
-// operand A stored (dA += G B) or transposed (dB = G^T A), the other operand rows-contiguous (K x N). TF32:
+// operand A stored (dA += G B) or transposed (dB = G^T A), the other operand rows-contiguous (K x N);
+// or both operands K-major (the distillation's logit panels, A B^T as the forward's tiles). TF32:
 // both operands K-major (the caller passes G^T and the transposed inputs), wgmma's only TF32 form.
 // Without a tile mask, pairs of CTAs (clusters along M) share the loads of B (TileConfig). A's
 // columns may lie in panels (a_panel: the training step's kept exponentials, TileConfig's PanelsA).
@@ -124,8 +125,9 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
                                            ": TF32 operands must be K-major (a_transposed = b_transposed = 0): "
                                            "wgmma reads TF32 from shared memory K-major only");
-    if (!tf32 && !a->b_transposed)
-      return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": 16-bit B must be stored transposed (K x N rows)");
+    if (!tf32 && !a->b_transposed && a->a_transposed)
+      return fail(TLSE_HOP_E_ARGUMENT,
+                  std::string(call) + ": 16-bit B stored K-major (N x K rows) takes A as stored (a_transposed = 0)");
     const int elem = int(sizeof(Input));
     const bool panels = a->a_panel != 0;
     if (panels && (tf32 || a->a_transposed || a->mask || a->a_panel < 0 || a->a_panel % 64 != 0 ||
@@ -142,8 +144,14 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
     if (int e = check_operand(call, "b", a->b, b_rows, b_depth, a->ldb, elem)) return e;
     if ((a->out_f32 == nullptr) == (a->out == nullptr))
       return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": exactly one of out_f32 and out is the output");
-    if (a->N % 2 != 0 || a->ldo < a->N || a->ldo % 2 != 0)
-      return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": N and ldo must be even, ldo >= N");
+    // The epilogue writes pairs of columns: an odd N's last pair reaches column N, which B's
+    // bounds make 0, and which only a plain fp32 output of one K split may take within ldo.
+    const bool odd_n_fits = a->out_f32 && !a->accumulate && a->max_k_splits == 1 && a->ldo > a->N;
+    if ((a->N % 2 != 0 && !odd_n_fits) || a->ldo < a->N || a->ldo % 2 != 0)
+      return fail(TLSE_HOP_E_ARGUMENT, std::string(call) +
+                                           ": N and ldo must be even, ldo >= N (an odd N: out_f32 written, not "
+                                           "accumulated, max_k_splits 1 and ldo > N); got N " +
+                                           std::to_string(a->N) + ", ldo " + std::to_string(a->ldo));
     if (a->max_k_splits < 1) return fail(TLSE_HOP_E_ARGUMENT, std::string(call) + ": max_k_splits must be >= 1");
     const auto s = static_cast<cudaStream_t>(stream);
     // Pairs of CTAs share their B tiles where every K step is kept (TileConfig, ClusterPlace); with
@@ -154,6 +162,8 @@ extern "C" int tlse_hop_product(tlse_hop_product_args* a, void* stream) {
       constexpr int c = decltype(cluster)::value;
       if constexpr (tf32)
         return run_product<float, false, false, c>(*a, s);
+      else if (!a->b_transposed)
+        return run_product<Input, false, false, c>(*a, s);
       else
         return a->a_transposed ? run_product<Input, true, true, c>(*a, s) : run_product<Input, false, true, c>(*a, s);
     };

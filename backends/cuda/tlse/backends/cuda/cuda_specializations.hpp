@@ -2,7 +2,8 @@
 // Registers the Kokkos::Cuda specializations (kernel_path.hpp says which run):
 // - the Hopper kernels (hopper/forward.hpp, hopper/backward.hpp; built with TLSE_HAVE_HOPPER):
 //   the forward for bf16, fp16 and float in TF32, the fused backward for the same when its plan fits
-//   the call's memory budget, and cross-entropy's training step for bf16 and fp16 when its plan fits;
+//   the call's memory budget, cross-entropy's training step for bf16 and fp16 when its plan fits,
+//   and the distillation's tile pairs for bf16 (hopper/distillation.hpp) when a panel fits;
 // - the mma.sync tensor-core kernels (mma/forward.hpp, mma/backward.hpp): the forward
 //   and the two backward passes for bf16, fp16 and float in TF32, on sm_80 and later;
 // - the same kernels for exact float, with 3xTF32 products on tensor cores (the default) or FFMA
@@ -15,6 +16,7 @@
 #include <tlse/impl/backend_dispatch.hpp>
 #if defined(TLSE_HAVE_HOPPER)
 #include <tlse/backends/cuda/hopper/backward.hpp>
+#include <tlse/backends/cuda/hopper/distillation.hpp>
 #include <tlse/backends/cuda/hopper/forward.hpp>
 #include <tlse/backends/cuda/hopper/step.hpp>
 #endif
@@ -124,6 +126,50 @@ struct LseStepSpecialization<Kokkos::Cuda> {
     (void)exec, (void)r;
 #endif
     return false;
+  }
+};
+
+template <>
+struct DistillationSpecialization<Kokkos::Cuda> {
+  template <class T>
+  static std::size_t scratch_bytes(const Kokkos::Cuda& exec, const DistillationShape& shape) {
+#if defined(TLSE_HAVE_HOPPER)
+    if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper)
+      return cuda::DistillationHopper::scratch_bytes<T>(shape);
+#else
+    (void)exec, (void)shape;
+#endif
+    return 0;
+  }
+  template <class Request>
+  static bool statistics(const Kokkos::Cuda& exec, const Request& r) {
+#if defined(TLSE_HAVE_HOPPER)
+    return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+           cuda::DistillationHopper::statistics(exec.cuda_stream(), r);
+#else
+    (void)exec, (void)r;
+    return false;
+#endif
+  }
+  template <class Request>
+  static bool terms(const Kokkos::Cuda& exec, const Request& r) {
+#if defined(TLSE_HAVE_HOPPER)
+    return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+           cuda::DistillationHopper::terms(exec.cuda_stream(), r);
+#else
+    (void)exec, (void)r;
+    return false;
+#endif
+  }
+  template <class Request>
+  static bool backward(const Kokkos::Cuda& exec, const Request& r) {
+#if defined(TLSE_HAVE_HOPPER)
+    return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+           cuda::DistillationHopper::backward(exec.cuda_stream(), r);
+#else
+    (void)exec, (void)r;
+    return false;
+#endif
   }
 };
 

@@ -1,0 +1,424 @@
+#pragma once
+// The distillation's tile pairs (distillation_tiles.hpp) on the Hopper kernels, for bf16. The
+// vocabulary goes in panels of P columns (a multiple of 256, as many as the call's scratch holds
+// beside the gradient accumulators), each in order:
+//   1. tlse_hop_product writes both heads' dot products of every stored row with the panel's
+//      classes, in fp32: Zs = Hs Ws_panel^T and Zt = Ht Wt_panel^T (8 P bytes a row);
+//   2. a block per row works along its entries: the forward of the KLs folds them into the row's
+//      running LSE states of both heads (and the cross-entropy's), the tracked one also summing
+//      its weights times the log-ratio (forward KL: sum_j e^(b_j - m_t) (b_j - a_j) with b the
+//      teacher's and a the student's logits), so that one sweep gives the LSEs and
+//      KL = sum / S_t - lse_t + lse_s; the JSD's forward, whose terms need both LSEs first, adds
+//      its terms (the DivergenceModel) after the LSE sweeps, from the saved LSEs; the backward
+//      turns each pair into dL/dx of both heads (PairGradient), rounded to bf16 and stored in
+//      place, G's row over the first half of Z's row;
+//   3. the backward's products: dWs_panel = Gs^T Hs (complete, rounded to bf16 once) and
+//      acc_s += Gs Ws_panel (fp32, every row x D_s); the teacher's likewise where wanted. Then
+//      dHs = acc_s (+ dHs with accumulate).
+// The logits are the tensor cores' fp32 sums of bf16 products (the generic tiles sum in another
+// order) and G is rounded to bf16 before its products, as the cross-entropy's backward rounds
+// its G. Fixed order throughout (panels in turn, the blocks' sums a fixed tree): bitwise
+// reproducible. Rows without a position (ignored tokens) are swept with the rest and skipped.
+// The request types come from distillation_tiles.hpp, which includes this header through the
+// backend registry, so that everything here is a template of them.
+#if defined(TLSE_HAVE_HOPPER)
+#include <tlse_hopper.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <tlse/backends/cuda/grid_stride.hpp>
+#include <tlse/backends/cuda/hopper/backward.hpp>
+#include <tlse/backends/cuda/hopper/forward.hpp>
+#include <tlse/distillation_options.hpp>
+#include <tlse/impl/backend_dispatch.hpp>
+#include <tlse/impl/workspace_carver.hpp>
+#include <type_traits>
+
+namespace tlse::impl::cuda {
+
+/// The panels a scratch holds: P columns of both heads' fp32 dot products for every stored row,
+/// beside the fp32 row-gradient accumulators of the heads whose dH is wanted.
+struct DistillationPanels {
+  static constexpr index_t STEP = 256;  // the Hopper tiles' width
+  index_t panel = 0;                    // P; 0: the scratch holds no panel
+  index_t rows = 0, acc_s = 0, acc_t = 0;
+
+  struct Buffers {
+    float *zs, *zt, *acc_s, *acc_t;
+  };
+
+  /// The widest panel within `bytes` for `rows` rows (no wider than the vocabulary, rounded up
+  /// to STEP), with acc_s and acc_t floats of accumulators.
+  static DistillationPanels within(std::size_t bytes, index_t rows, index_t cols, index_t acc_s, index_t acc_t) {
+    DistillationPanels p;
+    p.rows = rows, p.acc_s = acc_s, p.acc_t = acc_t;
+    // Each array may start up to an alignment past the last one's end, the base as much.
+    const std::size_t fixed = 8 * WorkspaceCarver::alignment + sizeof(float) * std::size_t(acc_s + acc_t);
+    if (rows <= 0 || bytes <= fixed) return p;
+    const index_t fit = index_t((bytes - fixed) / (2 * sizeof(float) * std::size_t(rows))) / STEP * STEP;
+    p.panel = std::min(fit, (cols + STEP - 1) / STEP * STEP);
+    return p;
+  }
+  Buffers carve(WorkspaceCarver& c) const {
+    Buffers b;
+    b.zs = c.take<float>(rows * panel);
+    b.zt = c.take<float>(rows * panel);
+    b.acc_s = c.take<float>(acc_s);
+    b.acc_t = c.take<float>(acc_t);
+    return b;
+  }
+  std::size_t bytes() const {
+    WorkspaceCarver c;
+    carve(c);
+    return c.bytes();
+  }
+};
+
+/// Thread 0's sum of every thread's v (blocks of a multiple of 32 threads, at most 1024), in a
+/// fixed order: the warps' shuffle trees, then the warps in turn.
+__device__ inline float block_sum(float v, float* warp_sums) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.f;
+  if (threadIdx.x == 0)
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += warp_sums[w];
+  __syncthreads();
+  return s;
+}
+
+/// A running LSE state (max m, sum s of e^(x - m)) with a tracked sum a of e^(x - m) y, merged
+/// and rescaled alike; an entry of weight 0 adds 0 to a whatever y (0 log 0 = 0).
+struct TrackedLse {
+  float m, s, a;  // no initializers: a __shared__ array holds them
+
+  __device__ static TrackedLse none() { return TrackedLse{-INFINITY, 0.f, 0.f}; }
+
+  __device__ void add(float x, float y) {
+    if (x == -INFINITY) return;
+    if (x > m) {
+      const float r = expf(m - x);
+      s = s * r + 1.f, a = (r == 0.f ? 0.f : a * r) + y, m = x;
+    } else {
+      const float p = expf(x - m);
+      s += p;
+      a += p == 0.f ? 0.f : p * y;
+    }
+  }
+  __device__ void merge(const TrackedLse& o) {
+    if (o.m == -INFINITY) return;
+    if (m == -INFINITY) {
+      *this = o;
+      return;
+    }
+    const float top = fmaxf(m, o.m), r = expf(m - top), ro = expf(o.m - top);
+    s = s * r + o.s * ro;
+    a = (r == 0.f ? 0.f : a * r) + (ro == 0.f ? 0.f : o.a * ro);
+    m = top;
+  }
+  __device__ float lse() const { return m == -INFINITY ? m : m + logf(s); }
+  /// Thread 0's merge of every thread's state (as block_sum: the warps' trees, then the warps).
+  __device__ TrackedLse block_merge(TrackedLse* warp_states) const {
+    TrackedLse v = *this;
+    for (int o = 16; o > 0; o >>= 1) {
+      TrackedLse other;
+      other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+      other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+      other.a = __shfl_xor_sync(0xffffffffu, v.a, o);
+      v.merge(other);
+    }
+    if (threadIdx.x % 32 == 0) warp_states[threadIdx.x / 32] = v;
+    __syncthreads();
+    TrackedLse all = none();
+    if (threadIdx.x == 0)
+      for (unsigned w = 0; w < blockDim.x / 32; ++w) all.merge(warp_states[w]);
+    __syncthreads();
+    return all;
+  }
+};
+
+/// The running states of a row in the forward's one sweep (TrackedLse): the student's, the
+/// teacher's, the cross-entropy's (scale 1).
+struct PairRowStates {
+  TrackedLse s, t, ce;
+};
+
+/// Whether stored row r is scored: every row, or the rows with a position.
+template <class Side>
+__device__ inline bool scored_row(const Side& rows, index_t r) {
+  return rows.index == nullptr || rows.position[r] >= 0;
+}
+
+/// Forward: term_s[r], term_t[r] (+)= the divergence's sums over the panel's columns [first,
+/// first + width) of each scored stored row r, from its dot products (zs, zt: ld apart).
+template <class Problem>
+__global__ void pair_terms_kernel(Problem pp, const float* zs, const float* zt, index_t ld, index_t rows, index_t first,
+                                  index_t width, float* term_s, float* term_t, bool add) {
+  __shared__ float warp_sums[32];
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (!scored_row(pp.student.rows, r)) continue;
+    float ts = 0.f, tt = 0.f;
+    for (index_t j = threadIdx.x; j < width; j += blockDim.x) {
+      float ls, lt;
+      pp.log_probs(zs[r * ld + j], zt[r * ld + j], r, first + j, ls, lt);
+      pp.model.add_terms(ls, lt, ts, tt);
+    }
+    ts = block_sum(ts, warp_sums);
+    tt = block_sum(tt, warp_sums);
+    if (threadIdx.x == 0) {
+      term_s[r] = add ? term_s[r] + ts : ts;
+      term_t[r] = add ? term_t[r] + tt : tt;
+    }
+  }
+}
+
+/// The KLs' forward in one sweep: folds the panel's columns [first, first + width) into each
+/// scored stored row's running states (states[r], written by the first panel) and, after the last
+/// panel, stores the row's statistics (Request::store). forward: the teacher's state tracks
+/// b - a (the forward KL), else the student's tracks a - b (the reverse KL).
+template <class Request>
+__global__ void pair_statistics_kernel(Request req, const float* zs, const float* zt, index_t ld, index_t rows,
+                                       index_t first, index_t width, PairRowStates* states, bool forward,
+                                       bool first_panel, bool last_panel) {
+  __shared__ TrackedLse warp_states[32];
+  const float scale_s = req.pp.student.logit.scale, scale_t = req.pp.teacher.logit.scale;
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (!scored_row(req.pp.student.rows, r)) continue;
+    PairRowStates mine{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
+    for (index_t j = threadIdx.x; j < width; j += blockDim.x) {
+      const float dot_s = zs[r * ld + j], a = scale_s * dot_s, b = scale_t * zt[r * ld + j];
+      mine.s.add(a, forward ? 0.f : a - b);
+      mine.t.add(b, forward ? b - a : 0.f);
+      if (req.ce_own) mine.ce.add(dot_s, 0.f);
+    }
+    PairRowStates row{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
+    row.s = mine.s.block_merge(warp_states);
+    row.t = mine.t.block_merge(warp_states);
+    if (req.ce_own) row.ce = mine.ce.block_merge(warp_states);
+    if (threadIdx.x != 0) continue;
+    if (!first_panel) {
+      PairRowStates before = states[r];
+      before.s.merge(row.s), before.t.merge(row.t), before.ce.merge(row.ce);
+      row = before;
+    }
+    if (!last_panel) {
+      states[r] = row;
+      continue;
+    }
+    const float lse_s = row.s.lse(), lse_t = row.t.lse();
+    const float lse_ce = !req.ce_lse ? 0.f : req.ce_own ? row.ce.lse() : lse_s;
+    if (forward)
+      Request::store(req.stats, r, lse_s, lse_t, lse_ce, 0.f, row.t.a / row.t.s - lse_t + lse_s);
+    else
+      Request::store(req.stats, r, lse_s, lse_t, lse_ce, row.s.a / row.s.s - lse_s + lse_t, 0.f);
+  }
+}
+
+/// Backward: each stored row's dL/dx of both heads over the panel's columns [first, first +
+/// width), from its dot products (zs, zt: ld floats apart), stored in T in place (row r's G at
+/// the start of its Z row, 2 ld values apart); 0 in the rows not scored. A block walks its row in
+/// steps of its threads, reading a step before writing it: the step's values in T cover Z values
+/// the block has read.
+template <class T, class Gradient>
+__global__ void pair_gradient_kernel(Gradient grad, float* zs, float* zt, index_t ld, index_t rows, index_t first,
+                                     index_t width, bool want_s, bool want_t) {
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const bool scored = scored_row(grad.pp.student.rows, r);
+    float* zs_row = zs + r * ld;
+    float* zt_row = zt + r * ld;
+    for (index_t j0 = 0; j0 < width; j0 += blockDim.x) {
+      const index_t j = j0 + threadIdx.x;
+      float gs = 0.f, gt = 0.f;
+      if (scored && j < width) grad(zs_row[j], zt_row[j], r, first + j, gs, gt);
+      __syncthreads();
+      if (j < width) {
+        if (want_s) reinterpret_cast<T*>(zs_row)[j] = from_acc<T>(gs);
+        if (want_t) reinterpret_cast<T*>(zt_row)[j] = from_acc<T>(gt);
+      }
+    }
+  }
+}
+
+struct DistillationHopper {
+  template <class T>
+  static constexpr bool takes = std::is_same<T, bfloat16>::value;
+
+  /// The scratch a call with this shape carves: its budget, or less where every column fits.
+  template <class T>
+  static std::size_t scratch_bytes(const DistillationShape& s) {
+    if constexpr (!takes<T>) {
+      (void)s;
+      return 0;
+    } else {
+      if (s.rows <= 0 || s.cols <= 0 || s.depth_s % 8 != 0 || s.depth_t % 8 != 0) return 0;
+      const index_t accs = s.rows * (s.depth_s + s.depth_t);
+      DistillationPanels all = DistillationPanels::within(SIZE_MAX / 2, s.rows, s.cols, accs, 0);
+      const std::size_t bytes = std::min(s.memory_budget, all.bytes());
+      // The student's accumulator and one panel at least (else the generic kernels).
+      return DistillationPanels::within(bytes, s.rows, s.cols, s.rows * s.depth_s, 0).panel > 0 ? bytes : 0;
+    }
+  }
+
+  /// The KLs' forward in one sweep (a PairStatisticsRequest); false for the JSD or when the
+  /// problem does not qualify.
+  template <class Request>
+  static bool statistics(cudaStream_t stream, const Request& r) {
+    const auto& pp = r.pp;
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(pp.student.rows.data)>>;
+    using Acc = std::remove_pointer_t<decltype(r.stats)>;
+    if constexpr (!takes<T> || !std::is_same<Acc, float>::value) {
+      return false;
+    } else {
+      if (pp.model.divergence == Divergence::jsd || !qualifies(pp)) return false;
+      const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
+      const index_t state_floats = rows * index_t(sizeof(PairRowStates) / sizeof(float));
+      const DistillationPanels panels = DistillationPanels::within(r.scratch_bytes, rows, cols, state_floats, 0);
+      if (panels.panel == 0) return false;
+      WorkspaceCarver carver(aligned_base(r.scratch));
+      const DistillationPanels::Buffers buf = panels.carve(carver);
+      auto* states = reinterpret_cast<PairRowStates*>(buf.acc_s);
+      for (index_t first = 0; first < cols; first += panels.panel) {
+        const index_t width = std::min(panels.panel, cols - first);
+        logit_panel(stream, pp.student, first, width, buf.zs, panels.panel);
+        logit_panel(stream, pp.teacher, first, width, buf.zt, panels.panel);
+        pair_statistics_kernel<<<row_blocks(rows), 256, 0, stream>>>(
+            r, buf.zs, buf.zt, panels.panel, rows, first, width, states, pp.model.divergence == Divergence::forward_kl,
+            first == 0, first + width >= cols);
+        check_launch("pair_statistics_kernel");
+      }
+      return true;
+    }
+  }
+
+  /// The forward's divergence sums (a PairTermsRequest); false when the problem does not qualify.
+  template <class Request>
+  static bool terms(cudaStream_t stream, const Request& r) {
+    const auto& pp = r.pp;
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(pp.student.rows.data)>>;
+    using Acc = std::remove_pointer_t<decltype(r.term_s)>;
+    if constexpr (!takes<T> || !std::is_same<Acc, float>::value) {
+      return false;
+    } else {
+      if (!qualifies(pp)) return false;
+      const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
+      const DistillationPanels panels = DistillationPanels::within(r.scratch_bytes, rows, cols, 0, 0);
+      if (panels.panel == 0) return false;
+      WorkspaceCarver carver(aligned_base(r.scratch));
+      const DistillationPanels::Buffers buf = panels.carve(carver);
+      for (index_t first = 0; first < cols; first += panels.panel) {
+        const index_t width = std::min(panels.panel, cols - first);
+        logit_panel(stream, pp.student, first, width, buf.zs, panels.panel);
+        logit_panel(stream, pp.teacher, first, width, buf.zt, panels.panel);
+        pair_terms_kernel<<<row_blocks(rows), 256, 0, stream>>>(pp, buf.zs, buf.zt, panels.panel, rows, first, width,
+                                                                r.term_s, r.term_t, first > 0);
+        check_launch("pair_terms_kernel");
+      }
+      return true;
+    }
+  }
+
+  /// The backward (a PairBackwardRequest); false when the problem does not qualify.
+  template <class Request>
+  static bool backward(cudaStream_t stream, const Request& r) {
+    const auto& pp = r.grad.pp;
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(pp.student.rows.data)>>;
+    using G = std::remove_pointer_t<decltype(r.dHs)>;
+    using Acc = std::remove_const_t<std::remove_pointer_t<decltype(pp.stats)>>;
+    if constexpr (!takes<T> || !std::is_same<G, T>::value || !std::is_same<Acc, float>::value) {
+      return false;
+    } else {
+      if (!qualifies(pp)) return false;
+      const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
+      const index_t ds = pp.student.depth, dt = pp.teacher.depth;
+      const DistillationPanels panels =
+          DistillationPanels::within(r.scratch_bytes, rows, cols, r.dHs ? rows * ds : 0, r.dHt ? rows * dt : 0);
+      if (panels.panel == 0) return false;
+      WorkspaceCarver carver(aligned_base(r.scratch));
+      const DistillationPanels::Buffers buf = panels.carve(carver);
+      const bool want_s = r.dHs || r.dWs, want_t = r.dHt || r.dWt;
+      const index_t P = panels.panel;
+      for (index_t first = 0; first < cols; first += P) {
+        const index_t width = std::min(P, cols - first);
+        logit_panel(stream, pp.student, first, width, buf.zs, P);
+        logit_panel(stream, pp.teacher, first, width, buf.zt, P);
+        pair_gradient_kernel<T>
+            <<<row_blocks(rows), 256, 0, stream>>>(r.grad, buf.zs, buf.zt, P, rows, first, width, want_s, want_t);
+        check_launch("pair_gradient_kernel");
+        if (want_s)
+          gradient_products(stream, pp.student, buf.zs, P, first, width, r.dWs, r.dHs ? buf.acc_s : nullptr,
+                            r.accumulate);
+        if (want_t)
+          gradient_products(stream, pp.teacher, buf.zt, P, first, width, r.dWt, r.dHt ? buf.acc_t : nullptr,
+                            r.accumulate);
+      }
+      if (r.dHs) finish_rows(stream, buf.acc_s, rows, ds, nullptr, r.dHs, r.accumulate);
+      if (r.dHt) finish_rows(stream, buf.acc_t, rows, dt, nullptr, r.dHt, r.accumulate);
+      return true;
+    }
+  }
+
+ private:
+  static unsigned row_blocks(index_t rows) { return unsigned(std::min<index_t>(rows, 65535)); }
+
+  /// Both heads read in place with TMA under the plain logit model (the distillation's: a scale).
+  template <class Pair>
+  static bool qualifies(const Pair& pp) {
+    for (const auto* p : {&pp.student, &pp.teacher}) {
+      const auto& m = p->logit;
+      if (p->rows.index != nullptr && p->rows.position == nullptr) return false;
+      if (p->cols.index != nullptr || p->cols.count != pp.student.cols.count || p->depth <= 0 || p->depth % 8 != 0)
+        return false;
+      if (reinterpret_cast<std::uintptr_t>(p->rows.data) % 16 != 0 ||
+          reinterpret_cast<std::uintptr_t>(p->cols.data) % 16 != 0)
+        return false;
+      if (m.col_bias != nullptr || m.softcap != 0 || m.exclude_diagonal || m.valid_cols < p->cols.count) return false;
+    }
+    return pp.student.rows.stored == pp.teacher.rows.stored;
+  }
+
+  /// z[row * ld + j] = the dot product of stored row `row` with column first + j, j < width.
+  template <class Problem>
+  static void logit_panel(cudaStream_t stream, const Problem& p, index_t first, index_t width, float* z, index_t ld) {
+    tlse_hop_product_args a{};
+    a.dtype = TLSE_HOP_BF16;
+    a.a = p.rows.data, a.lda = p.depth;
+    a.b = p.cols.data + first * p.depth, a.ldb = p.depth;  // K-major: the classes' rows
+    a.M = p.rows.stored, a.N = width, a.K = p.depth;
+    a.out_f32 = z, a.ldo = ld;
+    a.max_k_splits = 1;
+    check_hopper(tlse_hop_product(&a, stream), "tlse_hop_product (distillation logits)");
+  }
+
+  /// A head's products of its panel's G (in T, 2 ld apart): dW_panel = G^T H, written (added with
+  /// accumulate) where wanted, and acc (+)= G W_panel where acc is given.
+  template <class Problem, class T>
+  static void gradient_products(cudaStream_t stream, const Problem& p, const float* z, index_t ld, index_t first,
+                                index_t width, T* dW, float* acc, bool accumulate) {
+    const index_t depth = p.depth;
+    tlse_hop_product_args a{};
+    a.dtype = TLSE_HOP_BF16;
+    a.a = z, a.lda = 2 * ld;
+    a.b_transposed = 1, a.ldb = depth;
+    a.N = depth, a.ldo = depth;
+    a.max_k_splits = 1;
+    if (dW) {
+      tlse_hop_product_args w = a;
+      w.a_transposed = 1;
+      w.b = p.rows.data;
+      w.M = width, w.K = p.rows.stored;
+      w.out = dW + first * depth, w.accumulate = accumulate;
+      check_hopper(tlse_hop_product(&w, stream), "tlse_hop_product (distillation dW)");
+    }
+    if (acc) {
+      tlse_hop_product_args h = a;
+      h.b = p.cols.data + first * depth;
+      h.M = p.rows.stored, h.K = width;
+      h.out_f32 = acc, h.accumulate = first > 0;
+      check_hopper(tlse_hop_product(&h, stream), "tlse_hop_product (distillation dH)");
+    }
+  }
+};
+
+}  // namespace tlse::impl::cuda
+#endif
