@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/hopper/backward.hpp>
@@ -144,6 +145,21 @@ struct PairRowStates {
   TrackedLse s, t, ce;
 };
 
+/// Calls f(j, zs[j], zt[j]) for this thread's entries j < width of a row (zs and zt 16-byte
+/// aligned): four neighbours at a time through float4 loads (four times the bytes in flight of
+/// one float each: the sweeps are bound by the loads), then the tail.
+template <class F>
+__device__ inline void for_row_entries(const float* zs, const float* zt, index_t width, F&& f) {
+  const index_t quads = width / 4;
+  const auto* s4 = reinterpret_cast<const float4*>(zs);
+  const auto* t4 = reinterpret_cast<const float4*>(zt);
+  for (index_t q = threadIdx.x; q < quads; q += blockDim.x) {
+    const float4 a = s4[q], b = t4[q];
+    f(4 * q, a.x, b.x), f(4 * q + 1, a.y, b.y), f(4 * q + 2, a.z, b.z), f(4 * q + 3, a.w, b.w);
+  }
+  for (index_t j = 4 * quads + threadIdx.x; j < width; j += blockDim.x) f(j, zs[j], zt[j]);
+}
+
 /// Whether stored row r is scored: every row, or the rows with a position.
 template <class Side>
 __device__ inline bool scored_row(const Side& rows, index_t r) {
@@ -159,11 +175,11 @@ __global__ void pair_terms_kernel(Problem pp, const float* zs, const float* zt, 
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (!scored_row(pp.student.rows, r)) continue;
     float ts = 0.f, tt = 0.f;
-    for (index_t j = threadIdx.x; j < width; j += blockDim.x) {
+    for_row_entries(zs + r * ld, zt + r * ld, width, [&](index_t j, float dot_s, float dot_t) {
       float ls, lt;
-      pp.log_probs(zs[r * ld + j], zt[r * ld + j], r, first + j, ls, lt);
+      pp.log_probs(dot_s, dot_t, r, first + j, ls, lt);
       pp.model.add_terms(ls, lt, ts, tt);
-    }
+    });
     ts = block_sum(ts, warp_sums);
     tt = block_sum(tt, warp_sums);
     if (threadIdx.x == 0) {
@@ -186,12 +202,12 @@ __global__ void pair_statistics_kernel(Request req, const float* zs, const float
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (!scored_row(req.pp.student.rows, r)) continue;
     PairRowStates mine{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
-    for (index_t j = threadIdx.x; j < width; j += blockDim.x) {
-      const float dot_s = zs[r * ld + j], a = scale_s * dot_s, b = scale_t * zt[r * ld + j];
+    for_row_entries(zs + r * ld, zt + r * ld, width, [&](index_t, float dot_s, float dot_t) {
+      const float a = scale_s * dot_s, b = scale_t * dot_t;
       mine.s.add(a, forward ? 0.f : a - b);
       mine.t.add(b, forward ? b - a : 0.f);
       if (req.ce_own) mine.ce.add(dot_s, 0.f);
-    }
+    });
     PairRowStates row{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
     row.s = mine.s.block_merge(warp_states);
     row.t = mine.t.block_merge(warp_states);
@@ -215,26 +231,55 @@ __global__ void pair_statistics_kernel(Request req, const float* zs, const float
   }
 }
 
+/// Four values of T at out[j], j a multiple of 4 (8-byte aligned): one 8-byte store.
+template <class T>
+__device__ inline void store_four(T* out, index_t j, const float (&v)[4]) {
+  static_assert(sizeof(T) == 2, "four 16-bit values to a store");
+  T t[4] = {from_acc<T>(v[0]), from_acc<T>(v[1]), from_acc<T>(v[2]), from_acc<T>(v[3])};
+  uint2 packed;
+  memcpy(&packed, t, sizeof(packed));
+  *reinterpret_cast<uint2*>(out + j) = packed;
+}
+
 /// Backward: each stored row's dL/dx of both heads over the panel's columns [first, first +
-/// width), from its dot products (zs, zt: ld floats apart), stored in T in place (row r's G at
-/// the start of its Z row, 2 ld values apart); 0 in the rows not scored. A block walks its row in
-/// steps of its threads, reading a step before writing it: the step's values in T cover Z values
-/// the block has read.
+/// width), from its dot products (zs, zt: ld floats apart, 16-byte aligned rows), stored in T in
+/// place (row r's G at the start of its Z row, 2 ld values apart); 0 in the rows not scored. A
+/// block walks its row in steps of four entries a thread (float4 loads), reading a step before
+/// writing it: the step's values in T cover Z values the block has read.
 template <class T, class Gradient>
 __global__ void pair_gradient_kernel(Gradient grad, float* zs, float* zt, index_t ld, index_t rows, index_t first,
                                      index_t width, bool want_s, bool want_t) {
+  const index_t step = 4 * index_t(blockDim.x);
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const bool scored = scored_row(grad.pp.student.rows, r);
     float* zs_row = zs + r * ld;
     float* zt_row = zt + r * ld;
-    for (index_t j0 = 0; j0 < width; j0 += blockDim.x) {
-      const index_t j = j0 + threadIdx.x;
-      float gs = 0.f, gt = 0.f;
-      if (scored && j < width) grad(zs_row[j], zt_row[j], r, first + j, gs, gt);
+    for (index_t j0 = 0; j0 < width; j0 += step) {
+      const index_t j = j0 + 4 * index_t(threadIdx.x);
+      const bool whole = j + 4 <= width;
+      float ds[4] = {0.f, 0.f, 0.f, 0.f}, dt[4] = {0.f, 0.f, 0.f, 0.f}, dot_s[4], dot_t[4];
+      if (whole) {
+        const float4 a = *reinterpret_cast<const float4*>(zs_row + j), b = *reinterpret_cast<const float4*>(zt_row + j);
+        dot_s[0] = a.x, dot_s[1] = a.y, dot_s[2] = a.z, dot_s[3] = a.w;
+        dot_t[0] = b.x, dot_t[1] = b.y, dot_t[2] = b.z, dot_t[3] = b.w;
+      } else {
+        for (int k = 0; k < 4; ++k)
+          dot_s[k] = j + k < width ? zs_row[j + k] : 0.f, dot_t[k] = j + k < width ? zt_row[j + k] : 0.f;
+      }
+      if (scored)
+        for (int k = 0; k < 4; ++k)
+          if (j + k < width) grad(dot_s[k], dot_t[k], r, first + j + k, ds[k], dt[k]);
       __syncthreads();
-      if (j < width) {
-        if (want_s) reinterpret_cast<T*>(zs_row)[j] = from_acc<T>(gs);
-        if (want_t) reinterpret_cast<T*>(zt_row)[j] = from_acc<T>(gt);
+      auto* gs_row = reinterpret_cast<T*>(zs_row);
+      auto* gt_row = reinterpret_cast<T*>(zt_row);
+      if (whole) {
+        if (want_s) store_four(gs_row, j, ds);
+        if (want_t) store_four(gt_row, j, dt);
+      } else {
+        for (int k = 0; k < 4 && j + k < width; ++k) {
+          if (want_s) gs_row[j + k] = from_acc<T>(ds[k]);
+          if (want_t) gt_row[j + k] = from_acc<T>(dt[k]);
+        }
       }
     }
   }
