@@ -997,8 +997,13 @@ void check_arguments() {
   p.a = data, p.lda = 64, p.b = data, p.ldb = 64, p.b_transposed = 1;
   p.M = 100, p.N = 64, p.K = 64, p.ldo = 64, p.max_k_splits = 1;
   refused(tlse_hop_product(&p, nullptr), "exactly one of out_f32 and out", "product: no output");
-  p.out_f32 = part, p.N = 63, p.ldb = 64;
-  refused(tlse_hop_product(&p, nullptr), "N and ldo must be even", "product: odd N");
+  p.out_f32 = part, p.N = 63, p.ldb = 64, p.accumulate = 1;
+  refused(tlse_hop_product(&p, nullptr), "N and ldo must be even", "product: odd N accumulated");
+  p.accumulate = 0, p.ldo = 63;
+  refused(tlse_hop_product(&p, nullptr), "N and ldo must be even", "product: odd ldo");
+  p.ldo = 64, p.b_transposed = 0, p.a_transposed = 1;
+  refused(tlse_hop_product(&p, nullptr), "16-bit B stored K-major (N x K rows) takes A as stored", "product: A^T B^T");
+  p.b_transposed = 1, p.a_transposed = 0;
   p.N = 64, p.K = 512, p.a_panel = 256, p.a_panel_stride = 100 * 256, p.a_transposed = 1;
   refused(tlse_hop_product(&p, nullptr), "A in panels takes bf16 or fp16 A as stored", "product: panels of A^T");
   p.a_transposed = 0, p.a_panel = 192;
