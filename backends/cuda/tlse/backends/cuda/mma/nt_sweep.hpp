@@ -76,10 +76,9 @@ struct OneMmaPerBlock {
 /// (each rounding keeps 11 significant bits); a b = a_small b_big + a_big b_small + a_big b_big
 /// with the small terms first, dropping a_small b_small (<= 2^-24 |a b|): products within float's
 /// rounding, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures the
-/// error against float64). An infinite (or NaN) operand keeps small = 0 and, where a warp's stage
-/// holds one, enters the cross terms as 0: its product is big times big alone, as in float (a
-/// cross term small * inf would be NaN wherever the other operand's small part is 0: a -inf mask
-/// times an exact 1). Such stages take big times big first; the others keep the order above.
+/// error against float64). An infinite (or NaN) operand keeps small = 0 and enters the cross terms
+/// as 0: its product is big times big alone, as in float (a cross term small * inf would be NaN
+/// wherever the other operand's small part is 0: a -inf mask times an exact 1).
 struct SplitTf32 {
   template <class T>
   static bool applies(const TileProblem<T, float>& prob) {
@@ -89,52 +88,35 @@ struct SplitTf32 {
   static __device__ __forceinline__ float tf32_part(float x) {
     return __uint_as_float(__float_as_uint(round_to_tf32(x)) & 0xffffe000u);
   }
-  /// big <- tf32(x), small <- tf32(x - big) (0 where big is not finite); whether every big is finite.
   template <int N>
-  static __device__ __forceinline__ bool split(unsigned* big, unsigned* small) {
-    bool finite = true;
+  static __device__ __forceinline__ void split(unsigned* big, unsigned* small) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const float x = __uint_as_float(big[i]), hi = tf32_part(x);
-      const bool f = isfinite(hi);
-      finite = finite && f;
-      small[i] = __float_as_uint(f ? tf32_part(x - hi) : 0.0f);
+      small[i] = __float_as_uint(isfinite(hi) ? tf32_part(x - hi) : 0.0f);
       big[i] = __float_as_uint(hi);
     }
-    return finite;
   }
-  /// Zeroes the parts that are not finite.
+  /// The big parts as the cross terms take them: 0 where infinite or NaN.
   template <int N>
-  static __device__ __forceinline__ void zero_non_finite(unsigned* part) {
+  static __device__ __forceinline__ void finite_parts(const unsigned* big, unsigned* out) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) part[i] = isfinite(__uint_as_float(part[i])) ? part[i] : 0u;
+    for (int i = 0; i < N; ++i) out[i] = isfinite(__uint_as_float(big[i])) ? big[i] : 0u;
   }
-  template <class A, class B>
-  static __device__ __forceinline__ void products(TileAccumulator& acc, const A& a, const B& b) {
+  static __device__ __forceinline__ void multiply(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
+    unsigned a_small[4][4], b_small[4][2], a_cross[4][4], b_cross[4][2];
+    split<16>(&a[0][0], &a_small[0][0]);
+    split<8>(&b[0][0], &b_small[0][0]);
+    finite_parts<16>(&a[0][0], &a_cross[0][0]);
+    finite_parts<8>(&b[0][0], &b_cross[0][0]);
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) MmaOp<float>::run(acc[mt][nt], a[mt], b[nt]);
-  }
-  static __device__ __forceinline__ void multiply(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
-    unsigned a_small[4][4], b_small[4][2];
-    const bool finite = split<16>(&a[0][0], &a_small[0][0]) & split<8>(&b[0][0], &b_small[0][0]);
-    if (__all_sync(0xffffffffu, finite)) {
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          MmaOp<float>::run(acc[mt][nt], a_small[mt], b[nt]);
-          MmaOp<float>::run(acc[mt][nt], a[mt], b_small[nt]);
-          MmaOp<float>::run(acc[mt][nt], a[mt], b[nt]);
-        }
-    } else {
-      products(acc, a, b);
-      zero_non_finite<16>(&a[0][0]);
-      zero_non_finite<8>(&b[0][0]);
-      products(acc, a_small, b);
-      products(acc, a, b_small);
-    }
+      for (int nt = 0; nt < 4; ++nt) {
+        MmaOp<float>::run(acc[mt][nt], a_small[mt], b_cross[nt]);
+        MmaOp<float>::run(acc[mt][nt], a_cross[mt], b_small[nt]);
+        MmaOp<float>::run(acc[mt][nt], a[mt], b[nt]);
+      }
   }
 };
 
