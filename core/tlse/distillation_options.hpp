@@ -47,8 +47,9 @@ struct DistillationOptions {
   bool accumulate = false;
   /// NaN/Inf policy for the inputs (see NonFinite)
   NonFinite non_finite = NonFinite::propagate;
-  /// bytes of workspace the calls may use (see memory_budget_default); the generic kernels need
-  /// O(N + V) whatever the budget
+  /// bytes of workspace the calls may use (see memory_budget_default): the GPU's tile-pair
+  /// kernels (bf16 on Hopper) take panels of the vocabulary as wide as it holds; the generic
+  /// kernels need O(N + V) whatever the budget
   std::size_t memory_budget = memory_budget_default;
   /// memory lent to the call; empty: the call allocates and frees it
   Workspace workspace{};
