@@ -2,10 +2,10 @@
 package against PyTorch materializing both logit matrices, on one GPU, same inputs, same call:
 
     python3 perf_tests/distillation_step.py [--iterations K] [--budgets MiB,...] [--divergence D]
-                                            [--dtype bf16|fp16|fp32] [N D_s D_t V]
+                                            [--dtype bf16|fp16|fp32] [--fused-step MODE,...] [N D_s D_t V]
 
 Defaults: bf16, N=8192 D_s=2048 D_t=4096 V=128256 (issue 66's case), forward KL at temperature 1,
-budgets 512 and 2048 MiB. Inputs: hidden states ~ N(0, 1), heads ~ N(0, 1) * 4 / sqrt(D) (logits of
+budgets 512 and 2048 MiB, fused_step auto (the library's choice). Inputs: hidden states ~ N(0, 1), heads ~ N(0, 1) * 4 / sqrt(D) (logits of
 std ~4, as baselines.py draws the cross-entropy's), the teacher frozen. PyTorch's loss is
 F.kl_div(log_softmax(z_s), log_softmax(z_t), log_target=True) summed over classes and averaged
 over rows, z = H W^T / T in float32 (what users write). Per method: the median of K timed steps
@@ -54,6 +54,8 @@ def main():
     parser.add_argument("--divergence", default="forward_kl", choices=["forward_kl", "reverse_kl", "jsd"])
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--fused-step", default="auto",
+                        help="distillation_loss's fused_step values to time per budget: auto, on, off (comma list)")
     parser.add_argument("--skip-torch", action="store_true", help="time TiledLSE only")
     parser.add_argument("--kernels", action="store_true",
                         help="also print the GPU kernels' time of one step per budget (torch.profiler)")
@@ -94,13 +96,16 @@ def main():
         run = step(torch_loss)
         print(json.dumps(dict(case, method="torch_materialized", loss=run().item(),
                               fwbw_ms=timed(run, args.iterations), fwbw_MiB=peak_mib(run))), flush=True)
+    modes = {"auto": None, "on": True, "off": False}
     for mib in [int(b) for b in args.budgets.split(",")]:
-        run = step(lambda: tiledlse.distillation_loss(hs, ws, ht, wt, divergence=args.divergence, temperature=temp,
-                                                      memory_budget=mib << 20))
-        print(json.dumps(dict(case, method="tiledlse", budget_MiB=mib, loss=run().item(),
-                              fwbw_ms=timed(run, args.iterations), fwbw_MiB=peak_mib(run))), flush=True)
-        if args.kernels:
-            print_kernels(run, f"tiledlse, budget {mib} MiB")
+        for mode in args.fused_step.split(","):
+            run = step(lambda: tiledlse.distillation_loss(hs, ws, ht, wt, divergence=args.divergence,
+                                                          temperature=temp, memory_budget=mib << 20,
+                                                          fused_step=modes[mode]))
+            print(json.dumps(dict(case, method="tiledlse", budget_MiB=mib, fused_step=mode, loss=run().item(),
+                                  fwbw_ms=timed(run, args.iterations), fwbw_MiB=peak_mib(run))), flush=True)
+            if args.kernels:
+                print_kernels(run, f"tiledlse, budget {mib} MiB, fused_step {mode}")
 
 
 def print_kernels(run, label):

@@ -396,6 +396,9 @@ struct DistillFixture : ::testing::Test {
   void backward(const tlse::DistillationOptions& o = {}) {
     tlse::distillation_loss_backward(Exec(), Hs, Ws, Ht, Wt, targets, stats, dloss, dHs, dWs, dHt, dWt, o);
   }
+  void step(const tlse::DistillationOptions& o = {}) {
+    tlse::distillation_loss_with_gradients(Exec(), Hs, Ws, Ht, Wt, targets, dloss, loss, dHs, dWs, dHt, dWt, o);
+  }
   void untouched() {
     expect_untouched(loss, "loss");
     expect_untouched(stats, "row_stats");
@@ -461,6 +464,7 @@ TEST_F(DistillFixture, TargetsOutOfRangeOrOfWrongLength) {
   Kokkos::deep_copy(Kokkos::subview(targets, 6), 20);
   expect_rejected([&] { forward(); }, {"'targets'", "targets[6] = 20", "[0, 20)"});
   expect_rejected([&] { backward(); }, {"tlse::distillation_loss_backward", "targets[6] = 20"});
+  expect_rejected([&] { step(); }, {"tlse::distillation_loss_with_gradients", "targets[6] = 20"});
   C::IndexView t9("t9", N - 1);
   expect_rejected([&] { forward(Hs, Ws, Ht, Wt, t9); }, {"'targets'", "extent 9", "10"});
   untouched();
@@ -471,6 +475,7 @@ TEST_F(DistillFixture, OutputsOfWrongShape) {
   o.reduction = tlse::Reduction::none;
   expect_rejected([&] { forward(o); }, {"'loss'", "extent 1", "Reduction::none"});
   expect_rejected([&] { backward(o); }, {"'dloss'", "extent 1", "Reduction::none"});
+  expect_rejected([&] { step(o); }, {"tlse::distillation_loss_with_gradients", "'loss'", "extent 1"});
   Kokkos::View<float**, Kokkos::LayoutRight, C::Mem> stats4("stats4", N, 4), stats9("stats9", N - 1, 5);
   expect_rejected([&] { tlse::distillation_loss(Exec(), Hs, Ws, Ht, Wt, targets, loss, stats4); },
                   {"'row_stats'", "extent 4", "distillation_row_stats"});
@@ -494,11 +499,14 @@ TEST_F(DistillFixture, WorkspaceTooSmall) {
   o.workspace = {small.data(), small.size()};
   expect_rejected([&] { forward(o); }, {"'workspace'", "holds 64 bytes", "needs"});
   expect_rejected([&] { backward(o); }, {"'workspace'", "holds 64 bytes", "needs"});
+  // The step checks the workspace against both halves before its forward writes the loss.
+  expect_rejected([&] { step(o); }, {"tlse::distillation_loss_with_gradients", "'workspace'", "holds 64 bytes"});
   untouched();
   std::vector<char> ws(tlse::distillation_loss_workspace_bytes(Exec(), Hs, Ws, Ht, Wt, o));
   o.workspace = {ws.data(), ws.size()};
   forward(o);  // enough: runs
   backward(o);
+  step(o);
 }
 
 TEST_F(DistillFixture, NonFiniteInputsDetected) {
@@ -507,6 +515,7 @@ TEST_F(DistillFixture, NonFiniteInputsDetected) {
   Kokkos::deep_copy(Kokkos::subview(Wt, 3, 2), NAN);
   expect_rejected([&] { forward(o); }, {"'Wt'", "row 3, column 2", "NonFinite::detect"});
   expect_rejected([&] { backward(o); }, {"'Wt'", "row 3, column 2"});
+  expect_rejected([&] { step(o); }, {"tlse::distillation_loss_with_gradients", "'Wt'", "row 3, column 2"});
   untouched();
 }
 

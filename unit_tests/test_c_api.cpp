@@ -6,7 +6,8 @@
 // (tlse_cross_entropy_with_gradients) against the forward and the backward, and its checks, and
 // the query of whether it runs fused (tlse_cross_entropy_step_fused); the self-similarity
 // contrastive calls against a float64 reference that materializes the logits, and their checks;
-// the distillation calls likewise.
+// the distillation calls likewise, and their step in one call (tlse_distillation_loss_with_gradients,
+// the pair on the host, bitwise) and its query (tlse_distillation_step_fused).
 #include <gtest/gtest.h>
 #include <tlse.h>
 
@@ -891,6 +892,241 @@ TEST(CApiDistillation, BadInputFailsBeforeAnyWrite) {
   EXPECT_EQ(forward(), TLSE_SUCCESS) << tlse_last_error();
   EXPECT_EQ(backward(stats.data(), dHs.data()), TLSE_SUCCESS) << tlse_last_error();
   EXPECT_NE(dHs[0], -1.0);
+}
+
+/// One distillation problem of storage type T (float or double: the accumulator type too) run both
+/// ways, the step in one call (tlse_distillation_loss_with_gradients) and the forward then the
+/// backward, with the same options and dloss, from the same starting gradients (they matter with
+/// `accumulate`). On the host the step runs the pair: its results bitwise (tlse.h).
+template <class T>
+struct DistillationStepAgainstPair {
+  static constexpr std::int64_t n = 37, v = 53, ds = 19, dt = 11;  // no multiples of the host's 32-wide tiles
+  tlse_dtype dtype = sizeof(T) == 8 ? TLSE_F64 : TLSE_F32;
+  tlse_distillation_options options;
+  std::vector<T> Hs = std::vector<T>(n * ds), Ws = std::vector<T>(v * ds), Ht = std::vector<T>(n * dt),
+                 Wt = std::vector<T>(v * dt);
+  std::vector<std::int64_t> targets = std::vector<std::int64_t>(n);
+  bool with_targets = true, teacher_gradients = true;
+
+  DistillationStepAgainstPair() {
+    tlse_distillation_options_default(&options);
+    for (std::int64_t i = 0; i < n * ds; ++i) Hs[i] = T(std::sin(0.37 * double(i)));
+    for (std::int64_t i = 0; i < v * ds; ++i) Ws[i] = T(std::cos(0.11 * double(i)));
+    for (std::int64_t i = 0; i < n * dt; ++i) Ht[i] = T(std::sin(0.23 * double(i) + 1));
+    for (std::int64_t i = 0; i < v * dt; ++i) Wt[i] = T(std::cos(0.29 * double(i) + 2));
+    for (std::int64_t i = 0; i < n; ++i) targets[i] = i % 5 == 4 ? options.ignore_index : (13 * i) % v;
+  }
+
+  void check() const {
+    const std::int64_t losses = options.reduction == TLSE_REDUCTION_NONE ? n : 1;
+    std::vector<T> dloss(losses), loss(losses, T(-1)), pair_loss(losses, T(-2));
+    std::vector<T> stats(n * TLSE_DISTILLATION_ROW_STATS);
+    for (std::int64_t i = 0; i < losses; ++i) dloss[i] = T(0.5 + 0.1 * double(i));
+    std::vector<T> dHs(n * ds), dWs(v * ds), dHt(n * dt), dWt(v * dt);
+    for (std::int64_t i = 0; i < n * ds; ++i) dHs[i] = T(0.01 * double(i % 7));
+    for (std::int64_t i = 0; i < v * ds; ++i) dWs[i] = T(-0.02 * double(i % 3));
+    for (std::int64_t i = 0; i < n * dt; ++i) dHt[i] = T(0.03 * double(i % 5));
+    for (std::int64_t i = 0; i < v * dt; ++i) dWt[i] = T(-0.5);
+    std::vector<T> pair_dHs = dHs, pair_dWs = dWs, pair_dHt = dHt, pair_dWt = dWt;
+    const std::int64_t* t = with_targets ? targets.data() : nullptr;
+    const auto teacher = [&](std::vector<T>& g) { return teacher_gradients ? g.data() : nullptr; };
+
+    ASSERT_EQ(tlse_distillation_loss_with_gradients(
+                  context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, Hs.data(), Ws.data(), Ht.data(), Wt.data(),
+                  t, dloss.data(), loss.data(), dHs.data(), dWs.data(), teacher(dHt), teacher(dWt), &options),
+              TLSE_SUCCESS)
+        << tlse_last_error();
+    ASSERT_EQ(tlse_distillation_loss(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, Hs.data(), Ws.data(),
+                                     Ht.data(), Wt.data(), t, pair_loss.data(), stats.data(), &options),
+              TLSE_SUCCESS)
+        << tlse_last_error();
+    ASSERT_EQ(
+        tlse_distillation_loss_backward(context(), TLSE_DEVICE_HOST, nullptr, dtype, n, v, ds, dt, Hs.data(), Ws.data(),
+                                        Ht.data(), Wt.data(), t, stats.data(), dloss.data(), pair_dHs.data(),
+                                        pair_dWs.data(), teacher(pair_dHt), teacher(pair_dWt), &options),
+        TLSE_SUCCESS)
+        << tlse_last_error();
+    EXPECT_EQ(loss, pair_loss);
+    EXPECT_EQ(dHs, pair_dHs);
+    EXPECT_EQ(dWs, pair_dWs);
+    EXPECT_EQ(dHt, pair_dHt);  // left as they were when the teacher is frozen
+    EXPECT_EQ(dWt, pair_dWt);
+    if (options.accumulate == 0) {
+      EXPECT_NE(dHs[0], T(0.0)) << "the step wrote no gradient";
+    }
+  }
+};
+
+template <class T>
+void check_distillation_steps() {
+  for (std::int32_t divergence : {TLSE_DIVERGENCE_FORWARD_KL, TLSE_DIVERGENCE_REVERSE_KL, TLSE_DIVERGENCE_JSD}) {
+    SCOPED_TRACE("divergence " + std::to_string(divergence) + (sizeof(T) == 8 ? ", f64" : ", f32"));
+    {
+      SCOPED_TRACE("mean, temperature 2");
+      DistillationStepAgainstPair<T> p;
+      p.options.divergence = divergence, p.options.temperature = 2.0, p.options.beta = 0.3;
+      p.check();
+    }
+    {
+      SCOPED_TRACE("none (one dloss per row), alpha, shift, the teacher frozen");
+      DistillationStepAgainstPair<T> p;
+      p.options.divergence = divergence, p.options.reduction = TLSE_REDUCTION_NONE;
+      p.options.alpha = 0.4, p.options.shift = 1, p.teacher_gradients = false;
+      p.check();
+    }
+    {
+      SCOPED_TRACE("sum, accumulate");
+      DistillationStepAgainstPair<T> p;
+      p.options.divergence = divergence, p.options.reduction = TLSE_REDUCTION_SUM, p.options.accumulate = 1;
+      p.check();
+    }
+    {
+      SCOPED_TRACE("no targets: every row scored");
+      DistillationStepAgainstPair<T> p;
+      p.options.divergence = divergence, p.options.temperature = 0.5, p.with_targets = false;
+      p.check();
+    }
+  }
+}
+
+TEST(CApiDistillationStep, MatchesForwardAndBackward) {
+  check_distillation_steps<double>();
+  check_distillation_steps<float>();
+}
+
+TEST(CApiDistillationStep, BadInputFailsBeforeAnyWrite) {
+  constexpr std::int64_t n = 6, v = 5, ds = 3, dt = 4;
+  std::vector<double> Hs(n * ds, 0.25), Ws(v * ds, -0.5), Ht(n * dt, 0.5), Wt(v * dt, 0.125);
+  std::vector<std::int64_t> targets(n, 2);
+  std::vector<double> loss(n, -1.0), dloss(n, 1.0);
+  std::vector<double> dHs(n * ds, -1.0), dWs(v * ds, -1.0), dHt(n * dt, -1.0), dWt(v * dt, -1.0);
+  tlse_distillation_options o;
+  tlse_distillation_options_default(&o);
+  struct Args {
+    std::int64_t rows = n, d_s = ds;
+    const void *hs = nullptr, *wt = nullptr, *dloss = nullptr;
+    void *loss = nullptr, *dhs = nullptr;
+    tlse_dtype dtype = TLSE_F64;
+  };
+  const auto step = [&](Args a) {
+    return tlse_distillation_loss_with_gradients(
+        context(), TLSE_DEVICE_HOST, nullptr, a.dtype, a.rows, v, a.d_s, dt, a.hs ? a.hs : Hs.data(), Ws.data(),
+        Ht.data(), a.wt ? a.wt : Wt.data(), targets.data(), a.dloss ? a.dloss : dloss.data(),
+        a.loss ? a.loss : loss.data(), a.dhs ? a.dhs : dHs.data(), dWs.data(), dHt.data(), dWt.data(), &o);
+  };
+  const auto untouched = [&] {
+    for (const auto* out : {&loss, &dHs, &dWs, &dHt, &dWt})
+      for (double x : *out)
+        if (x != -1.0) return false;
+    return true;
+  };
+  const auto with = [](auto set) {
+    Args a;
+    set(a);
+    return a;
+  };
+  // Sizes, NULL pointers, overlaps, dtype and options: the C layer's checks, named for the step.
+  expect_invalid(step(with([](Args& a) { a.rows = -1; })),
+                 {"tlse_distillation_loss_with_gradients: argument 'n' must be >= 0, got -1"});
+  expect_invalid(step(with([](Args& a) { a.d_s = std::int64_t(1) << 31; })),
+                 {"tlse_distillation_loss_with_gradients: argument 'd_s' is 2147483648, more than"});
+  expect_invalid(tlse_distillation_loss_with_gradients(
+                     context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, nullptr, Ws.data(), Ht.data(),
+                     Wt.data(), targets.data(), dloss.data(), loss.data(), nullptr, nullptr, nullptr, nullptr, &o),
+                 {"tlse_distillation_loss_with_gradients: argument 'Hs' is NULL but has 18 elements"});
+  expect_invalid(tlse_distillation_loss_with_gradients(
+                     context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(), Ws.data(), Ht.data(),
+                     nullptr, targets.data(), dloss.data(), loss.data(), nullptr, nullptr, nullptr, nullptr, &o),
+                 {"tlse_distillation_loss_with_gradients: argument 'Wt' is NULL but has 20 elements"});
+  expect_invalid(tlse_distillation_loss_with_gradients(
+                     context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, Hs.data(), Ws.data(), Ht.data(),
+                     Wt.data(), targets.data(), dloss.data(), nullptr, dHs.data(), nullptr, nullptr, nullptr, &o),
+                 {"tlse_distillation_loss_with_gradients: argument 'loss' is NULL but has 1 elements"});
+  expect_invalid(tlse_distillation_loss_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt,
+                                                       Hs.data(), Ws.data(), Ht.data(), Wt.data(), targets.data(),
+                                                       nullptr, loss.data(), dHs.data(), nullptr, nullptr, nullptr, &o),
+                 {"tlse_distillation_loss_with_gradients: argument 'dloss' is NULL but has 1 elements"});
+  expect_invalid(step(with([](Args& a) { a.dtype = static_cast<tlse_dtype>(9); })), {"argument 'dtype' is 9"});
+  // The loss written over dloss, which the backward half reads after the forward half wrote the loss.
+  expect_invalid(step(with([&](Args& a) { a.dloss = a.loss = loss.data(); })),
+                 {"argument 'dloss' overlaps argument 'loss'"});
+  expect_invalid(step(with([&](Args& a) { a.dhs = Hs.data(); })), {"argument 'dHs' overlaps argument 'Hs'"});
+  std::vector<double> raw(n * ds + 1);
+  expect_invalid(step(with([&](Args& a) { a.dhs = reinterpret_cast<char*>(raw.data()) + 4; })),
+                 {"argument 'dHs' is at address", "not a multiple of 8 bytes"});
+  o.divergence = 3;
+  expect_invalid(step({}), {"tlse_distillation_loss_with_gradients: argument 'options.divergence' is 3"});
+  o.divergence = TLSE_DIVERGENCE_JSD, o.reduction = TLSE_REDUCTION_NONE;  // loss and dloss: n values each
+  std::vector<double> both(2 * n, -1.0);
+  expect_invalid(step(with([&](Args& a) { a.dloss = both.data(), a.loss = both.data() + n - 1; })),
+                 {"argument 'dloss' overlaps argument 'loss'"});
+  expect_invalid(tlse_distillation_loss_with_gradients(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt,
+                                                       Hs.data(), Ws.data(), Ht.data(), Wt.data(), targets.data(),
+                                                       nullptr, loss.data(), dHs.data(), nullptr, nullptr, nullptr, &o),
+                 {"argument 'dloss' is NULL but has 6 elements"});
+  // The C++ layer's checks, with the step's name.
+  o.temperature = 0;
+  expect_invalid(step({}), {"distillation_loss_with_gradients", "'temperature'"});
+  o.temperature = 1, o.alpha = 1.5;
+  expect_invalid(step({}), {"distillation_loss_with_gradients", "'alpha'", "1.5"});
+  o.alpha = 0;
+  targets[4] = v;
+  expect_invalid(step({}), {"distillation_loss_with_gradients", "targets[4] = 5"});
+  targets[4] = 2;
+  // A lent workspace smaller than tlse_distillation_loss_workspace_bytes says.
+  std::size_t need = 0;
+  ASSERT_EQ(
+      tlse_distillation_loss_workspace_bytes(context(), TLSE_DEVICE_HOST, nullptr, TLSE_F64, n, v, ds, dt, &o, &need),
+      TLSE_SUCCESS)
+      << tlse_last_error();
+  std::vector<char> arena(need);
+  o.workspace = arena.data(), o.workspace_bytes = need - 1;
+  const std::string holds = "argument 'workspace' holds " + std::to_string(need - 1) + " bytes but this call needs";
+  expect_invalid(step({}), {holds.c_str()});
+  EXPECT_TRUE(untouched());
+  for (double x : both) EXPECT_EQ(x, -1.0);
+  o.workspace_bytes = need;
+  EXPECT_EQ(step({}), TLSE_SUCCESS) << tlse_last_error();
+  EXPECT_FALSE(untouched());
+}
+
+TEST(CApiDistillationStep, StepFusedQuery) {
+  constexpr std::int64_t v = 53, ds = 64, dt = 128;  // depths of 8s: the GPU's tile-pair kernels would take them
+  tlse_distillation_options options;
+  tlse_distillation_options_default(&options);
+  const auto query = [&](tlse_dtype dtype, int want_teacher, int* fused, std::int64_t n = 37,
+                         tlse_device device = TLSE_DEVICE_HOST, tlse_context* ctx = context()) {
+    return tlse_distillation_step_fused(ctx, device, nullptr, dtype, n, v, ds, dt, &options, want_teacher, fused);
+  };
+  // The host backend has no fused step: always the forward then the backward, whatever the
+  // divergence and the budget (here one that would hold every logit many times over).
+  options.memory_budget = std::uint64_t(1) << 40;
+  for (std::int32_t divergence : {TLSE_DIVERGENCE_FORWARD_KL, TLSE_DIVERGENCE_REVERSE_KL, TLSE_DIVERGENCE_JSD})
+    for (tlse_dtype dtype : {TLSE_F32, TLSE_F64, TLSE_BF16, TLSE_F16})
+      for (int want_teacher : {0, 1}) {
+        options.divergence = divergence;
+        int fused = -1;
+        EXPECT_EQ(query(dtype, want_teacher, &fused), TLSE_SUCCESS) << tlse_last_error();
+        EXPECT_EQ(fused, 0) << "divergence " << divergence << ", dtype " << dtype << ", want_teacher " << want_teacher;
+      }
+  int fused = -1;  // NULL options: the defaults
+  EXPECT_EQ(
+      tlse_distillation_step_fused(context(), TLSE_DEVICE_HOST, nullptr, TLSE_BF16, 37, v, ds, dt, nullptr, 0, &fused),
+      TLSE_SUCCESS)
+      << tlse_last_error();
+  EXPECT_EQ(fused, 0);
+  // Bad arguments fail naming them, and leave *fused as it was.
+  fused = -1;
+  expect_invalid(query(TLSE_BF16, 0, nullptr), {"tlse_distillation_step_fused: argument 'fused' is NULL"});
+  expect_invalid(query(TLSE_BF16, 0, &fused, -1), {"tlse_distillation_step_fused: argument 'n' must be >= 0, got -1"});
+  expect_invalid(query(static_cast<tlse_dtype>(9), 0, &fused), {"argument 'dtype' is 9"});
+  expect_invalid(query(TLSE_BF16, 0, &fused, 37, static_cast<tlse_device>(5)), {"argument 'device' is 5"});
+  expect_invalid(query(TLSE_BF16, 0, &fused, 37, TLSE_DEVICE_HOST, nullptr), {"argument 'context' is NULL"});
+  options.divergence = 3;
+  expect_invalid(query(TLSE_BF16, 0, &fused), {"argument 'options.divergence' is 3"});
+  options.divergence = TLSE_DIVERGENCE_FORWARD_KL, options.reduction = 7;
+  expect_invalid(query(TLSE_BF16, 0, &fused), {"argument 'options.reduction' is 7"});
+  EXPECT_EQ(fused, -1);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ struct DistillCase {
   double logit_std = 3.0;        // std of each head's logits at T = 1
   Mask mask = Mask::none;
   bool int32_targets = false;
+  bool step = false;  // distillation_loss_with_gradients rather than the two calls
 };
 
 template <class C>
@@ -101,6 +102,10 @@ struct Distillation : ::testing::Test {
         Kokkos::deep_copy(dHt, to_device<C>(start_t)), Kokkos::deep_copy(dWt, to_device<C>(start_wt));
     }
     const auto run = [&](const auto& targets) {
+      if (k.step) {
+        tlse::distillation_loss_with_gradients(exec, Hs, Ws, Ht, Wt, targets, dl, loss, dHs, dWs, dHt, dWt, o);
+        return;
+      }
       tlse::distillation_loss(exec, Hs, Ws, Ht, Wt, targets, loss, stats, o);
       tlse::distillation_loss_backward(exec, Hs, Ws, Ht, Wt, targets, stats, dl, dHs, dWs, dHt, dWt, o);
     };
@@ -238,6 +243,34 @@ TYPED_TEST(Distillation, VocabularyInPanels) {
   this->check({70, 701, 24, 40, o, 0.0, true, false, 3.0, Mask::negative_infinity}, rng);
 }
 
+TYPED_TEST(Distillation, TrainingStepInOneCall) {
+  TLSE_SEEDED(rng);
+  // A budget that holds, on the GPU's tile-pair kernels, the working panels of 256 columns and
+  // two more of the teacher's logits kept between the sweeps; with accumulate off dWs's storage
+  // keeps one more ((V - 256) D_s >= 256 x 2 N): four panels, three kept.
+  const std::int64_t N = 70, V = 1000, Ds = 64, Dt = 40;
+  const std::size_t budget = 8 * N * 256 + 4 * N * (Ds + Dt) + 2 * 4 * N * 256 + 2048;
+  for (auto d : {tlse::Divergence::forward_kl, tlse::Divergence::reverse_kl, tlse::Divergence::jsd})
+    for (bool accumulate : {false, true}) {
+      auto o = with(d, 0.3, 2.0, 0.5);
+      o.shift = 1;
+      o.accumulate = accumulate;
+      o.memory_budget = budget;
+      DistillCase k{N, V, Ds, Dt, o, 0.2, true, !accumulate, 3.0, Mask::very_negative};
+      k.step = true;
+      this->check(k, rng);
+    }
+  // The frozen teacher with -inf masks; per-row losses; the default budget.
+  auto o = with(tlse::Divergence::forward_kl);
+  o.reduction = tlse::Reduction::none;
+  DistillCase k{N, V, Ds, Dt, o, 0.1, true, false, 3.0, Mask::negative_infinity};
+  k.step = true;
+  this->check(k, rng);
+  o.memory_budget = budget;
+  k.o = o;
+  this->check(k, rng);
+}
+
 TYPED_TEST(Distillation, ExtremeLogitsNear1e4) {
   TLSE_SEEDED(rng);
   // The KLs' gradients grow with the logits' differences times the weights (about 1e4 x 1e4 /
@@ -286,6 +319,11 @@ TYPED_TEST(Distillation, BitwiseDeterministic) {
     tlse::distillation_loss(exec, Hs, Ws, Ht, Wt, targets, loss, stats, k.o);
     tlse::distillation_loss_backward(exec, Hs, Ws, Ht, Wt, targets, stats, dloss, dHs, dWs, dHt, dWt, k.o);
     out = {to_host(loss), to_host(dHs), to_host(dWs), to_host(dHt), to_host(dWt)};
+    // The training step of the forward KL, its teacher's logits kept (TrainingStepInOneCall's budget).
+    auto o = with(tlse::Divergence::forward_kl);
+    o.memory_budget = 8 * k.N * 256 + 4 * k.N * (k.Ds + k.Dt) + 2 * 4 * k.N * 256 + 2048;
+    tlse::distillation_loss_with_gradients(exec, Hs, Ws, Ht, Wt, targets, dloss, loss, dHs, dWs, dHt, dWt, o);
+    for (const auto& v : {to_host(loss), to_host(dHs), to_host(dWs), to_host(dHt), to_host(dWt)}) out.push_back(v);
   }
   for (std::size_t i = 0; i < runs[0].size(); ++i)
     EXPECT_EQ(0, std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * sizeof(double))) << i;

@@ -319,6 +319,8 @@ TLSE_API tlse_status tlse_self_contrastive_backward(tlse_context* context, tlse_
  * (int64) or NULL (every row scored; alpha must be 0). No logits are stored: the forward keeps
  * TLSE_DISTILLATION_ROW_STATS values per row for the backward, which recomputes the rest. */
 
+/* Bytes of device memory a caller-provided workspace needs for the forward, the backward and
+ * tlse_distillation_loss_with_gradients. */
 TLSE_API tlse_status tlse_distillation_loss_workspace_bytes(tlse_context* context, tlse_device device, void* stream,
                                                             tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s,
                                                             int64_t d_t, const tlse_distillation_options* options,
@@ -340,6 +342,35 @@ TLSE_API tlse_status tlse_distillation_loss_backward(tlse_context* context, tlse
                                                      const int64_t* targets, const void* row_stats, const void* dloss,
                                                      void* dHs, void* dWs, void* dHt, void* dWt,
                                                      const tlse_distillation_options* options);
+
+/* Sets *fused to 1 when tlse_distillation_loss_with_gradients will run the step fused for these
+ * sizes and options (a Hopper GPU, bf16, d_s and d_t multiples of 8, the forward or the reverse
+ * KL, and an options.memory_budget that holds the working panels and a panel of the teacher's
+ * kept logits: one sweep of the forward, then the backward's reading those logits), else to 0 (it
+ * runs the forward and the backward; always on TLSE_DEVICE_HOST). want_teacher_gradients: nonzero
+ * when the call will get dHt. Lets a caller compute the gradients with the loss only where that
+ * pays. */
+TLSE_API tlse_status tlse_distillation_step_fused(tlse_context* context, tlse_device device, void* stream,
+                                                  tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                                  const tlse_distillation_options* options, int want_teacher_gradients,
+                                                  int* fused);
+
+/* A training step in one call: the forward's loss and the backward's gradients for `dloss`, the
+ * same as tlse_distillation_loss then tlse_distillation_loss_backward would give them (bitwise
+ * where it runs them; up to rounding on the Hopper path, whose panels are narrower), with the
+ * same checks. dloss (input) and loss (output) are shaped like the forward's loss (acc
+ * type) and must not share memory; dHs, dWs, dHt, dWt as for the backward (any may be NULL). No
+ * row_stats: the call keeps what it needs. On Hopper GPUs (bf16, the forward or the reverse KL)
+ * the teacher's logits of the first panels of the vocabulary are kept between the forward's sweep
+ * and the backward's, as far as options.memory_budget allows (with accumulate 0 also in dWs's
+ * storage, before dWs is written), and not computed twice (tlse_distillation_step_fused says
+ * beforehand); elsewhere it runs the two calls. */
+TLSE_API tlse_status tlse_distillation_loss_with_gradients(tlse_context* context, tlse_device device, void* stream,
+                                                           tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s,
+                                                           int64_t d_t, const void* Hs, const void* Ws, const void* Ht,
+                                                           const void* Wt, const int64_t* targets, const void* dloss,
+                                                           void* loss, void* dHs, void* dWs, void* dHt, void* dWt,
+                                                           const tlse_distillation_options* options);
 
 /* ---- Distributed calls: the caller's communicator, as callbacks --------------------------- */
 

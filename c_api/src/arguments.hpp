@@ -84,7 +84,8 @@ struct SelfContrastiveArgs {
 };
 
 /// The arguments of a distillation call: the student's Hs (n x d_s) and Ws (v x d_s), the
-/// teacher's Ht (n x d_t) and Wt (v x d_t).
+/// teacher's Ht (n x d_t) and Wt (v x d_t); the step in one call takes the forward's loss and the
+/// backward's dloss and gradients.
 struct DistillationArgs {
   std::int64_t n = 0, v = 0, d_s = 0, d_t = 0;
   const void *Hs = nullptr, *Ws = nullptr, *Ht = nullptr, *Wt = nullptr;
@@ -128,6 +129,10 @@ template <class T>
 void distillation_forward(const Launch&, const DistillationArgs&);
 template <class T>
 void distillation_backward(const Launch&, const DistillationArgs&);
+template <class T>
+bool distillation_step_fuses(const Launch&, const DistillationArgs&, bool want_teacher_gradients);
+template <class T>
+void distillation_with_gradients(const Launch&, const DistillationArgs&);
 
 // The distributed calls take the same arguments (vocab_order and the workspace unused) and the
 // caller's communicator.

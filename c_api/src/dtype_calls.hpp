@@ -199,6 +199,32 @@ void distillation_backward(const Launch& l, const DistillationArgs& a) {
 }
 
 template <class T>
+bool distillation_step_fuses(const Launch& l, const DistillationArgs& a, bool want_teacher_gradients) {
+  bool fuses = false;
+  on_exec(l, [&](const auto& exec) {
+    using Exec = std::decay_t<decltype(exec)>;
+    fuses = tlse::distillation_step_fuses(
+        exec, Matrix<const T, Exec>(nullptr, a.n, a.d_s), Matrix<const T, Exec>(nullptr, a.v, a.d_s),
+        Matrix<const T, Exec>(nullptr, a.n, a.d_t), Matrix<const T, Exec>(nullptr, a.v, a.d_t), a.options,
+        want_teacher_gradients);
+  });
+  return fuses;
+}
+
+template <class T>
+void distillation_with_gradients(const Launch& l, const DistillationArgs& a) {
+  using Acc = accumulator_t<T>;
+  on_exec(l, [&](const auto& exec) {
+    tlse::distillation_loss_with_gradients(
+        exec, mat<const T>(exec, a.Hs, a.n, a.d_s), mat<const T>(exec, a.Ws, a.v, a.d_s),
+        mat<const T>(exec, a.Ht, a.n, a.d_t), mat<const T>(exec, a.Wt, a.v, a.d_t),
+        vec<const std::int64_t>(exec, a.targets, a.n), vec<const Acc>(exec, a.dloss, a.loss_size()),
+        vec<Acc>(exec, a.loss, a.loss_size()), mat<T>(exec, a.dHs, a.n, a.d_s), mat<T>(exec, a.dWs, a.v, a.d_s),
+        mat<T>(exec, a.dHt, a.n, a.d_t), mat<T>(exec, a.dWt, a.v, a.d_t), a.options);
+  });
+}
+
+template <class T>
 void cross_entropy_forward_distributed(const Launch& l, const Callbacks& cb, const CrossEntropyArgs& a) {
   using Acc = accumulator_t<T>;
   on_exec(l, [&](const auto& exec) {
@@ -271,4 +297,6 @@ void contrastive_backward_distributed(const Launch& l, const Callbacks& cb, cons
 #define TLSE_CAPI_DISTILLATION(T)                                                         \
   template std::size_t distillation_workspace<T>(const Launch&, const DistillationArgs&); \
   template void distillation_forward<T>(const Launch&, const DistillationArgs&);          \
-  template void distillation_backward<T>(const Launch&, const DistillationArgs&)
+  template void distillation_backward<T>(const Launch&, const DistillationArgs&);         \
+  template bool distillation_step_fuses<T>(const Launch&, const DistillationArgs&, bool); \
+  template void distillation_with_gradients<T>(const Launch&, const DistillationArgs&)

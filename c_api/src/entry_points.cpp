@@ -520,6 +520,17 @@ void distillation_inputs(CallerArrays& arrays, ElementBytes e, tlse::capi::Disti
   a.Hs = Hs, a.Ws = Ws, a.Ht = Ht, a.Wt = Wt, a.targets = targets;
 }
 
+/// dloss and the gradient outputs the backward and the step share, checked and recorded in `a`.
+void distillation_gradients(CallerArrays& arrays, ElementBytes e, tlse::capi::DistillationArgs& a, const void* dloss,
+                            void* dHs, void* dWs, void* dHt, void* dWt) {
+  arrays.input("dloss", dloss, a.loss_size(), e.acc, true);
+  arrays.output("dHs", dHs, a.n * a.d_s, e.value);
+  arrays.output("dWs", dWs, a.v * a.d_s, e.value);
+  arrays.output("dHt", dHt, a.n * a.d_t, e.value);
+  arrays.output("dWt", dWt, a.v * a.d_t, e.value);
+  a.dloss = dloss, a.dHs = dHs, a.dWs = dWs, a.dHt = dHt, a.dWt = dWt;
+}
+
 /// The caller's communicator as the C++ layer's callbacks (the same fields), checked.
 tlse::distributed::Callbacks callbacks_of(const char* fn, const tlse_communicator* comm) {
   if (!comm) invalid(fn, "comm", "is NULL");
@@ -751,13 +762,29 @@ tlse::capi::DistillationArgs distillation_backward_args(const char* fn, const tl
   CallerArrays arrays(fn, context, device);
   distillation_inputs(arrays, e, a, Hs, Ws, Ht, Wt, targets);
   arrays.input("row_stats", row_stats, n * TLSE_DISTILLATION_ROW_STATS, e.acc, true);
-  arrays.input("dloss", dloss, a.loss_size(), e.acc, true);
-  arrays.output("dHs", dHs, n * d_s, e.value);
-  arrays.output("dWs", dWs, v * d_s, e.value);
-  arrays.output("dHt", dHt, n * d_t, e.value);
-  arrays.output("dWt", dWt, v * d_t, e.value);
+  distillation_gradients(arrays, e, a, dloss, dHs, dWs, dHt, dWt);
   arrays.disjoint();
-  a.row_stats = row_stats, a.dloss = dloss, a.dHs = dHs, a.dWs = dWs, a.dHt = dHt, a.dWt = dWt;
+  a.row_stats = row_stats;
+  return a;
+}
+
+/// The checked arguments of tlse_distillation_loss_with_gradients: the forward's loss and the
+/// backward's dloss and gradients.
+tlse::capi::DistillationArgs distillation_with_gradients_args(const char* fn, const tlse_context* context,
+                                                              tlse_device device, tlse_dtype dtype, int64_t n,
+                                                              int64_t v, int64_t d_s, int64_t d_t, const void* Hs,
+                                                              const void* Ws, const void* Ht, const void* Wt,
+                                                              const int64_t* targets, const void* dloss, void* loss,
+                                                              void* dHs, void* dWs, void* dHt, void* dWt,
+                                                              const tlse_distillation_options* options) {
+  auto a = distillation_args(fn, n, v, d_s, d_t, options);
+  const ElementBytes e = element_bytes(fn, dtype);
+  CallerArrays arrays(fn, context, device);
+  distillation_inputs(arrays, e, a, Hs, Ws, Ht, Wt, targets);
+  arrays.output("loss", loss, a.loss_size(), e.acc, true);
+  distillation_gradients(arrays, e, a, dloss, dHs, dWs, dHt, dWt);
+  arrays.disjoint();
+  a.loss = loss;
   return a;
 }
 
@@ -1075,6 +1102,40 @@ tlse_status tlse_distillation_loss_backward(tlse_context* context, tlse_device d
       },
       [&](auto tag, const auto& launch, const auto& a) {
         tlse::capi::distillation_backward<decltype(tag)>(launch, a);
+      });
+}
+
+tlse_status tlse_distillation_step_fused(tlse_context* context, tlse_device device, void* stream, tlse_dtype dtype,
+                                         int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                         const tlse_distillation_options* options, int want_teacher_gradients,
+                                         int* fused) {
+  static const char* fn = "tlse_distillation_step_fused";
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        if (!fused) invalid(fn, "fused", "is NULL");
+        return distillation_args(fn, n, v, d_s, d_t, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        *fused = tlse::capi::distillation_step_fuses<decltype(tag)>(launch, a, want_teacher_gradients != 0) ? 1 : 0;
+      });
+}
+
+tlse_status tlse_distillation_loss_with_gradients(tlse_context* context, tlse_device device, void* stream,
+                                                  tlse_dtype dtype, int64_t n, int64_t v, int64_t d_s, int64_t d_t,
+                                                  const void* Hs, const void* Ws, const void* Ht, const void* Wt,
+                                                  const int64_t* targets, const void* dloss, void* loss, void* dHs,
+                                                  void* dWs, void* dHt, void* dWt,
+                                                  const tlse_distillation_options* options) {
+  static const char* fn = "tlse_distillation_loss_with_gradients";
+  return entry_point(
+      fn, context, device, stream, dtype,
+      [&] {
+        return distillation_with_gradients_args(fn, context, device, dtype, n, v, d_s, d_t, Hs, Ws, Ht, Wt, targets,
+                                                dloss, loss, dHs, dWs, dHt, dWt, options);
+      },
+      [&](auto tag, const auto& launch, const auto& a) {
+        tlse::capi::distillation_with_gradients<decltype(tag)>(launch, a);
       });
 }
 

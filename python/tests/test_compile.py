@@ -1,10 +1,11 @@
 """torch.library custom ops and torch.compile (torch >= 2.4; skipped on older torch, e.g. Debian's
-1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the nine ops
+1.13, where the losses are torch.autograd.Functions): torch.library.opcheck on the ten ops
 (schema, fake implementation, autograd registration, AOT dispatch with dynamic shapes), a small
 model using the three losses compiled with fullgraph=True (no graph break), whose loss and gradients
-match the eager model's, the cross-entropy's step in one call (fused_step) compiled against
-the eager forward and backward, and a distillation step (student and teacher, every divergence)
-compiled against the eager one. On CPU, and on CUDA where the library and torch have it.
+match the eager model's, the cross-entropy's and the distillation's steps in one call (fused_step)
+compiled against the eager forward and backward, and a distillation step (student and teacher,
+every divergence) compiled against the eager one. On CPU, and on CUDA where the library and torch
+have it.
 """
 import copy
 import math
@@ -228,6 +229,44 @@ def test_opcheck_distillation(device, dtype, divergence, reduction, with_targets
     torch.library.opcheck(torch.ops.tiledlse.distillation_backward.default,
                           (hs.detach(), ws.detach(), ht.detach(), wt.detach(), targets, stats.detach(),
                            torch.ones_like(loss).detach(), *options, True, True, True, False))
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("divergence, reduction, with_targets", [(0, 2, True), (1, 1, False), (2, 2, True)],
+                         ids=["forward_kl-mean", "reverse_kl-sum-no-targets", "jsd-mean"])
+def test_opcheck_distillation_with_gradients(device, dtype, divergence, reduction, with_targets):
+    hs, ws, ht, wt, targets = _distillation_operands(device, dtype, teacher_grad=True)
+    targets = targets if with_targets else None
+    options = (divergence, 0.3, 2.0, 0.25 if with_targets else 0.0, -100, 1 if with_targets else 0, reduction, 0)
+    torch.library.opcheck(torch.ops.tiledlse.distillation_with_gradients.default,
+                          (hs, ws, ht, wt, targets, *options, True, True, with_targets, with_targets))
+
+
+@needs_custom_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("upstream", [1.0, 2.5], ids=["loss.backward", "scaled"])
+def test_distillation_fused_step_compiles_fullgraph(device, upstream):
+    """The distillation's step in one call in a compiled graph (its kept gradients always
+    multiplied there), the teacher trained too, against the eager forward and backward pair."""
+    def loss_of(hs, ws, ht, wt, targets, fused_step):
+        return upstream * tiledlse.distillation_loss(torch.tanh(hs), ws, ht, wt, targets, divergence="reverse_kl",
+                                                     temperature=2.0, shift=1, alpha=0.2, fused_step=fused_step)
+    compiled = torch.compile(loss_of, fullgraph=True)
+    g = torch.Generator().manual_seed(6)
+    for batch, length in ((3, 17), (5, 9)):
+        hs, ht = randn(batch, length, 24, device=device, seed=batch), randn(batch, length, 40, device=device, seed=9)
+        ws, wt = randn(97, 24, device=device, seed=7), randn(97, 40, device=device, seed=8)
+        targets = torch.randint(0, 97, (batch, length), generator=g).to(device)
+        expected = loss_of(hs, ws, ht, wt, targets, False)
+        expected_grads = torch.autograd.grad(expected, (hs, ws, ht, wt))
+        got = compiled(hs, ws, ht, wt, targets, True)
+        grads = torch.autograd.grad(got, (hs, ws, ht, wt))
+        assert abs(got.item() - expected.item()) <= 1e-5 * (1 + abs(expected.item()))
+        for name, p, q in zip(("hs", "ws", "ht", "wt"), expected_grads, grads):
+            err = (p - q).abs().max().item()
+            assert err <= 1e-5 * (1 + p.abs().max().item()), "%s: gradient differs by %g" % (name, err)
 
 
 @needs_custom_ops

@@ -3,8 +3,9 @@ logit matrices (F.log_softmax, F.kl_div, F.cross_entropy): each divergence (forw
 KL, JSD at several beta, beta 0 and 1 as the two KLs), temperatures 0.5 to 4, the alpha mix with
 the hard-label cross-entropy, ignored rows and the shift, every reduction, batch shapes (..., D),
 the teacher frozen or trained, extreme and masked teacher logits; the gradients by
-torch.autograd.gradcheck in float64; the bad input messages; and the example of
-examples/python/distill.py, run as a user runs it.
+torch.autograd.gradcheck in float64; the bad input messages; the training step in one call
+(fused_step) against the forward and backward pair, which library calls each choice makes and its
+bad input; and the example of examples/python/distill.py, run as a user runs it.
 """
 import math
 import os
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledlse
-from tiledlse import _library
+from tiledlse import _calls, _functions, _library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "python", "distill.py")
@@ -272,6 +273,211 @@ def test_options_layout_and_row_stats_match_tlse_h():
     if os.path.exists(header):
         text = open(header).read()
         assert "#define TLSE_DISTILLATION_ROW_STATS %d\n" % L.DISTILLATION_ROW_STATS in text
+
+
+# ---- The training step in one call (fused_step): gradients computed in the forward, kept -------
+
+
+def calls_made(run):
+    """Runs `run()` and returns the names of the library calls it made, in order: which path ran."""
+    names = ("distillation_forward", "distillation_backward", "distillation_with_gradients")
+    originals = {name: getattr(_calls, name) for name in names}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            made.append(name)
+            return originals[name](*args, **kwargs)
+        return call
+
+    made = []
+    for name in names:
+        setattr(_calls, name, spy(name))
+    try:
+        run()
+    finally:
+        for name in names:
+            setattr(_calls, name, originals[name])
+    return made
+
+
+STEP = ["distillation_with_gradients"]
+PAIR = ["distillation_forward", "distillation_backward"]
+
+
+def step_operands(dtype, device, teacher_grad=True, student_grad=True):
+    """Student and teacher (37 rows, V = 53, D_s = 19, D_t = 23) on `device` and targets with ignored rows."""
+    hs, ws, ht, wt = [t.detach().to(device) for t in operands(dtype=dtype, seed=5)]
+    hs.requires_grad_(student_grad), ws.requires_grad_(student_grad)
+    ht.requires_grad_(teacher_grad), wt.requires_grad_(teacher_grad)
+    return hs, ws, ht, wt, targets_for((37,), 53, seed=6).to(device)
+
+
+def loss_and_grads(hs, ws, ht, wt, targets, upstream=1.0, **kwargs):
+    """(loss, its gradients for each operand that requires one, the library calls made by the
+    forward and the backward). The backward runs again (retain_graph): the same gradients."""
+    out = {}
+    leaves = [x for x in (hs, ws, ht, wt) if x.requires_grad]
+
+    def run():
+        loss = out["loss"] = tiledlse.distillation_loss(hs, ws, ht, wt, targets, **kwargs)
+        if leaves:
+            out["root"] = loss if upstream == 1.0 and loss.dim() == 0 else (loss * upstream).sum()
+            out["grads"] = torch.autograd.grad(out["root"], leaves, retain_graph=True)
+    made = calls_made(run)
+    if leaves:
+        again = torch.autograd.grad(out["root"], leaves)
+        assert all(torch.equal(a, b) for a, b in zip(again, out["grads"]))
+    return out["loss"], out.get("grads", ()), made
+
+
+STEP_GRAD_RTOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [1.0, 0.37], ids=["loss.backward", "scaled"])
+def test_fused_step_matches_forward_backward(device, divergence, dtype, reduction, upstream):
+    """The step's loss and gradients are the pair's bitwise at an upstream gradient of 1 where the
+    step runs the pair (depths 19 and 23: not the Hopper path's, whose narrower panels round
+    otherwise; test_each_device covers that path against float64); scaled, the kept gradients
+    are multiplied in their dtype (one rounding)."""
+    hs, ws, ht, wt, targets = step_operands(dtype, device)
+    kwargs = dict(divergence=divergence, beta=0.3, temperature=2.0, alpha=0.25, shift=1, reduction=reduction,
+                  upstream=upstream)
+    loss, grads, made = loss_and_grads(hs, ws, ht, wt, targets, fused_step=True, **kwargs)
+    ref_loss, ref_grads, ref_made = loss_and_grads(hs, ws, ht, wt, targets, fused_step=False, **kwargs)
+    assert made == STEP and ref_made == PAIR
+    assert loss.dtype == ref_loss.dtype and loss.shape == () and torch.equal(loss, ref_loss)
+    assert len(grads) == len(ref_grads) == 4
+    for name, got, ref in zip(("dHs", "dWs", "dHt", "dWt"), grads, ref_grads):
+        assert got.dtype == dtype and got.device == hs.device and got.shape == ref.shape
+        if upstream == 1.0:
+            assert torch.equal(got, ref), name
+        else:
+            assert_close(got.cpu(), ref.cpu(), STEP_GRAD_RTOL[dtype], name)
+    unscored = torch.cat([targets[1:] == -100, torch.tensor([True], device=targets.device)])  # shift=1
+    assert grads[0][unscored].abs().max().item() == 0.0  # rows not scored get no gradient
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_step_auto_falls_back(device):
+    hs, ws, ht, wt, targets = step_operands(torch.float32, device)
+    # Auto on the CPU: the library runs no step fused, so the forward and the backward.
+    loss, grads, made = loss_and_grads(hs, ws, ht, wt, targets)
+    assert made == (PAIR if device == "cpu" else made) and len(grads) == 4
+    # Per-row losses, no gradient needed: the pair, or the forward alone.
+    assert loss_and_grads(hs, ws, ht, wt, targets, reduction="none", upstream=0.5)[2] == PAIR
+    with torch.no_grad():
+        assert calls_made(lambda: tiledlse.distillation_loss(hs, ws, ht, wt, targets)) == ["distillation_forward"]
+        assert calls_made(lambda: tiledlse.distillation_loss(hs, ws, ht, wt, targets, fused_step=True)) == [
+            "distillation_forward"]
+    detached = [t.detach() for t in (hs, ws, ht, wt)]
+    assert loss_and_grads(*detached, targets, fused_step=True)[2] == ["distillation_forward"]
+    assert loss_and_grads(hs, ws, ht, wt, targets, fused_step=False)[2] == PAIR
+    # The teacher frozen: the step computes the student's gradients only; the student frozen, the teacher's.
+    for student_grad, teacher_grad, shapes in ((True, False, (hs.shape, ws.shape)), (False, True,
+                                                                                     (ht.shape, wt.shape))):
+        operands_ = step_operands(torch.float32, device, teacher_grad=teacher_grad, student_grad=student_grad)
+        loss, grads, made = loss_and_grads(*operands_, fused_step=True)
+        ref_loss, ref_grads, _ = loss_and_grads(*operands_, fused_step=False)
+        assert made == STEP and tuple(g.shape for g in grads) == shapes
+        assert torch.equal(loss, ref_loss) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    # Without targets every row is scored: the step too.
+    loss, grads, made = loss_and_grads(hs, ws, ht, wt, None, fused_step=True, divergence="reverse_kl")
+    ref_loss, ref_grads, _ = loss_and_grads(hs, ws, ht, wt, None, fused_step=False, divergence="reverse_kl")
+    assert made == STEP and torch.equal(loss, ref_loss) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def library_answers(fused, run):
+    """Runs `run()` with _calls.distillation_step_fuses answering `fused` (as the library on a Hopper
+    GPU would); returns the (N, V, D_s, D_t, want_teacher_gradients) of each question asked."""
+    original, asked = _calls.distillation_step_fuses, []
+
+    def answer(hs, ws, ht, config, want_teacher_gradients):
+        asked.append((hs.shape[0], ws.shape[0], hs.shape[1], ht.shape[1], want_teacher_gradients))
+        return fused
+    _calls.distillation_step_fuses = answer
+    try:
+        run()
+    finally:
+        _calls.distillation_step_fuses = original
+    return asked
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_step_auto_asks_the_library(device):
+    """Auto takes the step only where the library runs it fused: never on the CPU (the pair, with
+    no gradients computed in the forward); fused_step=True still forces it."""
+    hs, ws, ht, wt, targets = step_operands(torch.bfloat16, device, teacher_grad=False)
+    for budget in (None, 1 << 40):  # the default, and one that holds every logit
+        config = _functions._distillation_arguments(hs, ws, ht, wt, targets, "forward_kl", 0.5, 1.0, -100, 0, 0.0,
+                                                    "mean", budget)[5]
+        fuses = _calls.distillation_step_fuses(hs, ws, ht, config, False)
+        assert not (fuses and device == "cpu")
+        assert loss_and_grads(hs, ws, ht, wt, targets, memory_budget=budget)[2] == (STEP if fuses else PAIR), budget
+        assert loss_and_grads(hs, ws, ht, wt, targets, memory_budget=budget, fused_step=True)[2] == STEP
+    # Where the library says fused, auto takes the step, asking once with the call's shapes and
+    # whether the teacher's hidden states need a gradient; where it says not, the pair.
+    for fused, expected in ((True, STEP), (False, PAIR)):
+        made = []
+        asked = library_answers(fused, lambda: made.extend(loss_and_grads(hs, ws, ht, wt, targets)[2]))
+        assert made == expected and asked == [(37, 53, 19, 23, False)], (fused, made, asked)
+    trained = ht.detach().requires_grad_()
+    assert library_answers(False, lambda: loss_and_grads(hs, ws, trained, wt, targets)) == [(37, 53, 19, 23, True)]
+    # Only the teacher needs a gradient: auto asks too.
+    student = [t.detach() for t in (hs, ws)]
+    assert library_answers(True, lambda: loss_and_grads(*student, trained, wt, targets)) == [(37, 53, 19, 23, True)]
+    # No question where the step cannot be taken anyway.
+    assert library_answers(True, lambda: loss_and_grads(hs, ws, ht, wt, targets, reduction="none",
+                                                        upstream=0.5)) == []
+    assert library_answers(True, lambda: loss_and_grads(hs.detach(), ws.detach(), ht, wt, targets)) == []
+    assert library_answers(True, lambda: loss_and_grads(hs, ws, ht, wt, targets, fused_step=False)) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"fused_step": True, "reduction": "none"}, ValueError, "'fused_step' is True, but .* per-row losses"),
+        ({"fused_step": "yes"}, TypeError, "'fused_step' must be None, True or False"),
+        ({"fused_step": 1}, TypeError, "'fused_step' must be None, True or False"),
+    ],
+)
+def test_fused_step_bad_input(kwargs, error, pattern):
+    hs, ws, ht, wt = operands(n=6, v=11, ds=4, dt=5)
+    with pytest.raises(error, match=pattern):
+        tiledlse.distillation_loss(hs, ws, ht, wt, **kwargs)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 0.37], ids=["loss.backward", "scaled"])
+def test_fused_step_autograd_function_path(upstream):
+    """Older torch's path (_DistillationStep, torch.autograd.Function) on this torch: the custom
+    op's results."""
+    hs, ws, ht, wt, targets = step_operands(torch.float64, "cpu")
+    kwargs = dict(divergence="reverse_kl", alpha=0.5, reduction="sum", upstream=upstream, fused_step=True)
+    loss, grads, made = loss_and_grads(hs, ws, ht, wt, targets, **kwargs)
+    custom_ops, _functions.CUSTOM_OPS = _functions.CUSTOM_OPS, False
+    try:
+        function_loss, function_grads, function_made = loss_and_grads(hs, ws, ht, wt, targets, **kwargs)
+    finally:
+        _functions.CUSTOM_OPS = custom_ops
+    assert made == function_made == STEP
+    assert torch.equal(loss, function_loss) and all(torch.equal(a, b) for a, b in zip(grads, function_grads))
+
+
+def test_fused_step_gradcheck_and_no_double_backward():
+    hs, ws, ht, wt = operands(n=5, v=7, ds=3, dt=4, teacher_grad=True, seed=3)
+    targets = torch.tensor([2, -100, 6, 0, 1])
+    for kwargs in (dict(divergence="forward_kl"), dict(divergence="reverse_kl", alpha=0.2, temperature=1.7),
+                   dict(divergence="jsd", beta=0.3, shift=1, reduction="sum")):
+        def f(a, b, c, d):
+            return tiledlse.distillation_loss(a, b, c, d, targets, fused_step=True, **kwargs)
+        assert torch.autograd.gradcheck(f, (hs, ws, ht, wt), eps=1e-6, atol=1e-8, rtol=1e-6), kwargs
+    dhs, = torch.autograd.grad(tiledlse.distillation_loss(hs, ws, ht, wt, targets, fused_step=True), hs,
+                               create_graph=True)
+    with pytest.raises(RuntimeError):  # as the forward and backward pair: the gradient has no graph
+        dhs.sum().backward()
 
 
 def test_example_distils_a_random_teacher():

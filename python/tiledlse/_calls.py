@@ -216,11 +216,12 @@ def cross_entropy_with_gradients(e, c, bias, targets, weight, config, needs):
 
 
 def times_upstream(grad_loss, gradients):
-    """The gradients cross_entropy_with_gradients kept (None for one not computed) times the
-    upstream gradient of the reduced loss, `grad_loss` (0-d). When the backward starts at the loss
-    (loss.backward()) that is 1, and they are returned as they are, with no pass over dE and dC,
-    as Liger-Kernel does; reading the value waits for the tensor's CUDA stream. A graph being
-    traced (torch.compile) holds no values (its tensors are subclasses): it always multiplies."""
+    """The gradients cross_entropy_with_gradients or distillation_with_gradients kept (None for one
+    not computed) times the upstream gradient of the reduced loss, `grad_loss` (0-d). When the
+    backward starts at the loss (loss.backward()) that is 1, and they are returned as they are,
+    with no pass over them, as Liger-Kernel does; reading the value waits for the tensor's CUDA
+    stream. A graph being traced (torch.compile) holds no values (its tensors are subclasses): it
+    always multiplies."""
     if type(grad_loss) is torch.Tensor and bool(grad_loss == 1):
         return tuple(gradients)
     return tuple(None if g is None else g * grad_loss for g in gradients)
@@ -354,14 +355,45 @@ def distillation_forward(hs, ws, ht, wt, targets, config):
     return loss, stats
 
 
+def _distillation_gradient_tensors(hs, ws, ht, wt, needs):
+    """(dHs, dWs, dHt, dWt) to be written; None where `needs` says not computed."""
+    return tuple(torch.empty_like(t) if need else None for t, need in zip((hs, ws, ht, wt), needs))
+
+
 def distillation_backward(hs, ws, ht, wt, targets, stats, dloss, config, needs):
     """(dHs, dWs, dHt, dWt) for the upstream gradient dloss (shaped like the forward's loss);
     `needs` says which of the four to compute (the others are None)."""
     ctx, device, stream, n, v, ds, dt, dtype, options = _distillation_call(hs, ws, ht, config)
     dloss = dloss.to(stats.dtype).contiguous()
-    grads = tuple(torch.empty_like(t) if need else None for t, need in zip((hs, ws, ht, wt), needs))
+    grads = _distillation_gradient_tensors(hs, ws, ht, wt, needs)
     workspace = _lend_workspace(options, hs.device, "tlse_distillation_loss_workspace_bytes", ctx, device, stream,
                                 dtype, n, v, ds, dt)  # must live through the call below
     L.call("tlse_distillation_loss_backward", ctx, device, stream, dtype, n, v, ds, dt, _ptr(hs), _ptr(ws), _ptr(ht),
            _ptr(wt), _ptr(targets), _ptr(stats), _ptr(dloss), *(_ptr(g) for g in grads), ctypes.byref(options))
     return grads
+
+
+def distillation_step_fuses(hs, ws, ht, config, want_teacher_gradients):
+    """Whether tlse_distillation_loss_with_gradients runs the step fused (the teacher's logits kept
+    between the forward's sweep and the backward's) for hs (N, D_s), ws (V, D_s), ht (N, D_t) on
+    their device under `config`; want_teacher_gradients: dHt asked for."""
+    ctx, device, stream, n, v, ds, dt, dtype, options = _distillation_call(hs, ws, ht, config)
+    fused = ctypes.c_int(0)
+    L.call("tlse_distillation_step_fused", ctx, device, stream, dtype, n, v, ds, dt, ctypes.byref(options),
+           int(want_teacher_gradients), ctypes.byref(fused))
+    return bool(fused.value)
+
+
+def distillation_with_gradients(hs, ws, ht, wt, targets, config, needs):
+    """(loss, dHs, dWs, dHt, dWt) in one call, the gradients those of the loss's sum (dloss = 1 for
+    each entry), kept for the backward (times_upstream); `needs` as for distillation_backward."""
+    ctx, device, stream, n, v, ds, dt, dtype, options = _distillation_call(hs, ws, ht, config)
+    loss = _loss_tensor(hs, config)
+    dloss = torch.ones_like(loss)
+    grads = _distillation_gradient_tensors(hs, ws, ht, wt, needs)
+    workspace = _lend_workspace(options, hs.device, "tlse_distillation_loss_workspace_bytes", ctx, device, stream,
+                                dtype, n, v, ds, dt)  # must live through the call below
+    L.call("tlse_distillation_loss_with_gradients", ctx, device, stream, dtype, n, v, ds, dt, _ptr(hs), _ptr(ws),
+           _ptr(ht), _ptr(wt), _ptr(targets), _ptr(dloss), _ptr(loss), *(_ptr(g) for g in grads),
+           ctypes.byref(options))
+    return (loss, *grads)

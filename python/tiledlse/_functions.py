@@ -131,7 +131,8 @@ def linear_cross_entropy(e, c, targets, bias=None, ignore_index=-100, softcap=No
     grad = torch.is_grad_enabled()
     needs = (grad and e.requires_grad, grad and c.requires_grad, grad and bias is not None and bias.requires_grad)
     # The step gives a reduced loss without LSE: nothing to reshape.
-    if _fused_step(fused_step, needs, reduction, return_lse or want_argmax, e2, c, config):
+    if _fused_step(fused_step, needs, reduction, return_lse or want_argmax, needs[0] or needs[1],
+                   lambda: _calls.step_fuses(e2, c, config, needs[2])):
         if CUSTOM_OPS:
             return torch.ops.tiledlse.cross_entropy_with_gradients(e2, c, bias, targets, weight, *config, *needs)[0]
         return _LinearCrossEntropyStep.apply(e2, c, bias, targets, weight, config, needs)
@@ -178,17 +179,18 @@ def _flag(name, value):
     return value
 
 
-def _fused_step(fused_step, needs, reduction, per_row_outputs, e, c, config):
-    """Whether linear_cross_entropy runs the training step in one call; `needs`: which of e, c
-    and bias need a gradient; per_row_outputs: the LSE, the accuracy or the predicted tokens are
-    asked for."""
+def _fused_step(fused_step, needs, reduction, per_row_outputs, auto_needs, fuses):
+    """Whether linear_cross_entropy (or distillation_loss) runs the training step in one call;
+    `needs`: which of its tensors need a gradient; per_row_outputs: the LSE, the accuracy or the
+    predicted tokens are asked for; auto_needs: a gradient the auto choice takes the step for is
+    needed (the cross-entropy: e's or c's, not bias's alone); fuses(): asks the library whether
+    the step runs fused."""
     if fused_step is None:
         # Only where the library runs it fused: elsewhere it is the pair inside one call, with no
         # time saved, and gradients held from the forward (wasted if no backward runs). A graph
         # being traced takes the pair: the answer depends on the shapes, which may be symbolic
         # there, and a call into the library cannot be put in the graph.
-        return ((needs[0] or needs[1]) and reduction != "none" and not per_row_outputs and not _tracing()
-                and _calls.step_fuses(e, c, config, needs[2]))
+        return auto_needs and reduction != "none" and not per_row_outputs and not _tracing() and fuses()
     if not isinstance(fused_step, bool):
         raise TypeError("argument 'fused_step' must be None, True or False, got %r" % (fused_step,))
     if fused_step and (reduction == "none" or per_row_outputs):
@@ -424,7 +426,7 @@ def _scale_argument(scale):
 
 def distillation_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, targets=None, *,
                       divergence="forward_kl", beta=0.5, temperature=1.0, ignore_index=-100, shift=0, alpha=0.0,
-                      reduction="mean", memory_budget=None):
+                      reduction="mean", memory_budget=None, fused_step=None):
     """Distillation loss between a teacher's and a student's softmax over one vocabulary, from
     their hidden states and output layers, without forming either's logits.
 
@@ -446,6 +448,13 @@ def distillation_loss(student_hidden, student_weight, teacher_hidden, teacher_we
     "mean" (over the scored positions; 0 when none is), "sum" or "none" (shape
     student_hidden.shape[:-1]). memory_budget: bytes of workspace a call may use (None: the
     library's default, 256 MiB).
+    fused_step: compute the gradients in the forward, in one call with the loss, and keep them
+    until the backward (the step runs fused, and faster, on Hopper GPUs with bfloat16 inputs and
+    the forward or reverse KL where memory_budget allows: the teacher's logits of a part of the
+    vocabulary are kept between the forward's sweep and the backward's). None (auto): when the step
+    runs fused there (the library is asked), gradients of the student's or the teacher's tensors
+    will be needed and the reduction is "mean" or "sum", outside torch.compile; True: whenever
+    gradients will be needed; False: never (the forward, then the backward).
 
     Returns the loss (float32, float64 for float64 inputs). Gradients reach the student's two
     tensors, and the teacher's where they require grad (the teacher is frozen otherwise: call it
@@ -454,6 +463,14 @@ def distillation_loss(student_hidden, student_weight, teacher_hidden, teacher_we
     hs, ws, ht, wt, targets, config, batch_shape = _distillation_arguments(
         student_hidden, student_weight, teacher_hidden, teacher_weight, targets, divergence, beta, temperature,
         ignore_index, shift, alpha, reduction, memory_budget)
+    grad = torch.is_grad_enabled()
+    needs = tuple(grad and t.requires_grad for t in (hs, ws, ht, wt))
+    # The step gives a reduced loss: nothing to reshape.
+    if _fused_step(fused_step, needs, reduction, False, any(needs),
+                   lambda: _calls.distillation_step_fuses(hs, ws, ht, config, needs[2])):
+        if CUSTOM_OPS:
+            return torch.ops.tiledlse.distillation_with_gradients(hs, ws, ht, wt, targets, *config, *needs)[0]
+        return _DistillationStep.apply(hs, ws, ht, wt, targets, config, needs)
     if CUSTOM_OPS:
         loss, _stats = torch.ops.tiledlse.distillation_forward(hs, ws, ht, wt, targets, *config)
     else:
@@ -542,3 +559,20 @@ class _Distillation(torch.autograd.Function):
         grads = _calls.distillation_backward(hs, ws, ht, wt, targets, stats, grad_loss, ctx.config,
                                              ctx.needs_input_grad[:4])
         return (*grads, None, None)
+
+
+class _DistillationStep(torch.autograd.Function):
+    """distillation_loss's training step in one call on older torch (see CUSTOM_OPS): the forward
+    computes the gradients (of the loss, for an upstream gradient of 1) with the loss and keeps
+    them; the backward scales them."""
+
+    @staticmethod
+    def forward(ctx, hs, ws, ht, wt, targets, config, needs):
+        loss, *grads = _calls.distillation_with_gradients(hs, ws, ht, wt, targets, config, needs)
+        ctx.save_for_backward(*grads)
+        return loss
+
+    @staticmethod
+    @once_differentiable  # the gradients were computed in the forward: nothing to differentiate them with
+    def backward(ctx, grad_loss):
+        return (*_calls.times_upstream(grad_loss, ctx.saved_tensors), None, None, None)

@@ -220,6 +220,16 @@ _signatures = {
         [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
          ctypes.POINTER(DistillationOptions)],
     ),
+    "tlse_distillation_step_fused": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _i64, ctypes.POINTER(DistillationOptions),
+         ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
+    ),
+    "tlse_distillation_loss_with_gradients": (
+        _status,
+        [_ctx, ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+         ctypes.POINTER(DistillationOptions)],
+    ),
     "tlse_cross_entropy_forward_distributed": (
         _status,
         [_ctx, ctypes.POINTER(Communicator), ctypes.c_int, _p, ctypes.c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p,

@@ -1,15 +1,16 @@
 """The losses as torch.library custom ops (torch >= 2.4), so that torch.compile traces them into
 its graph (fullgraph=True works) instead of breaking the graph at a ctypes call.
 
-Nine ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
+Ten ops, each an opaque call into the C library: tiledlse::cross_entropy_forward and
 tiledlse::cross_entropy_backward, tiledlse::cross_entropy_with_gradients (the training step in
 one call), tiledlse::contrastive_forward and tiledlse::contrastive_backward,
 tiledlse::self_contrastive_forward and tiledlse::self_contrastive_backward,
-tiledlse::distillation_forward and tiledlse::distillation_backward. Each has a fake
+tiledlse::distillation_forward and tiledlse::distillation_backward,
+tiledlse::distillation_with_gradients (the distillation's step in one call). Each has a fake
 implementation (output shapes and dtypes only, for FakeTensor tracing and dynamic shapes), and
-each forward op has its autograd formula, which calls the backward op (the step's scales the
-gradients it kept): the backward is traced too. The backward ops have no formula of their own,
-and the step's is once differentiable: double backward is not supported (as with the
+each forward op has its autograd formula, which calls the backward op (the steps' scale the
+gradients they kept): the backward is traced too. The backward ops have no formula of their own,
+and the steps' are once differentiable: double backward is not supported (as with the
 autograd.Function path of older torch). Options are plain numbers.
 """
 from typing import Optional, Tuple
@@ -138,19 +139,27 @@ def _(e, c, bias, targets, weight, ignore_index, reduction, shift, softcap, z_lo
     return (loss, *_fake_gradients(e, c, bias, need_e, need_c, need_bias))
 
 
-def _step_setup(ctx, inputs, output):
-    *_, need_e, need_c, need_bias = inputs
+def _keep_step_gradients(ctx, output, computed):
+    """A step op's setup: keeps the gradients it returned after the loss for the backward;
+    `computed` says which of them are (the others are empty)."""
     _loss, *grads = output
     ctx.save_for_backward(*grads)
-    ctx.computed = (need_e, need_c, inputs[2] is not None and need_bias)
+    ctx.computed = computed
     # The gradients are outputs only to reach the backward; nothing flows into them. Left to
     # materialize, autograd would fill a zero tensor the size of each for the backward: a pass of
     # dC's size per step and that memory (docs/notes/2026-11-29.md).
     ctx.set_materialize_grads(False)
 
 
+def _step_setup(ctx, inputs, output):
+    *_, need_e, need_c, need_bias = inputs
+    _keep_step_gradients(ctx, output, (need_e, need_c, inputs[2] is not None and need_bias))
+
+
 @once_differentiable  # the gradients were computed in the forward: nothing to differentiate them with
-def _step_gradient(ctx, grad_loss, _grad_de, _grad_dc, _grad_dbias):
+def _step_gradient(ctx, grad_loss, *_grad_kept):
+    """The backward of a step op (either loss's): the kept gradients of the leading inputs times the
+    loss's upstream gradient."""
     if grad_loss is None:  # not materialized: no gradient reached the loss
         return _input_gradients(ctx)
     # Outputs of the op, they would lead a double backward back into it (to a silent 0): detached,
@@ -295,11 +304,15 @@ def distillation_backward(hs: Tensor, ws: Tensor, ht: Tensor, wt: Tensor, target
     return _present(hs, grads)
 
 
+def _fake_distillation_gradients(hs, ws, ht, wt, need_hs, need_ws, need_ht, need_wt):
+    return tuple(torch.empty_like(t) if need else hs.new_empty((0,))
+                 for t, need in zip((hs, ws, ht, wt), (need_hs, need_ws, need_ht, need_wt)))
+
+
 @distillation_backward.register_fake
 def _(hs, ws, ht, wt, targets, stats, dloss, divergence, beta, temperature, alpha, ignore_index, shift, reduction,
       memory_budget, need_hs, need_ws, need_ht, need_wt):
-    return tuple(torch.empty_like(t) if need else hs.new_empty((0,))
-                 for t, need in zip((hs, ws, ht, wt), (need_hs, need_ws, need_ht, need_wt)))
+    return _fake_distillation_gradients(hs, ws, ht, wt, need_hs, need_ws, need_ht, need_wt)
 
 
 def _distillation_setup(ctx, inputs, output):
@@ -320,3 +333,31 @@ def _distillation_gradient(ctx, grad_loss, _grad_stats):
 
 
 distillation_forward.register_autograd(_distillation_gradient, setup_context=_distillation_setup)
+
+
+@torch.library.custom_op("tiledlse::distillation_with_gradients", mutates_args=())
+def distillation_with_gradients(hs: Tensor, ws: Tensor, ht: Tensor, wt: Tensor, targets: Optional[Tensor],
+                                divergence: int, beta: float, temperature: float, alpha: float, ignore_index: int,
+                                shift: int, reduction: int, memory_budget: int, need_hs: bool, need_ws: bool,
+                                need_ht: bool, need_wt: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, dHs, dWs, dHt, dWt), the gradients those of the loss's sum, each not asked for empty;
+    see _calls.distillation_with_gradients."""
+    config = _calls.DistillationConfig(divergence, beta, temperature, alpha, ignore_index, shift, reduction,
+                                       memory_budget)
+    loss, *grads = _calls.distillation_with_gradients(hs, ws, ht, wt, targets, config,
+                                                      (need_hs, need_ws, need_ht, need_wt))
+    return (loss, *_present(hs, grads))
+
+
+@distillation_with_gradients.register_fake
+def _(hs, ws, ht, wt, targets, divergence, beta, temperature, alpha, ignore_index, shift, reduction, memory_budget,
+      need_hs, need_ws, need_ht, need_wt):
+    loss = hs.new_empty((hs.shape[0],) if reduction == _NONE else (), dtype=_calls.acc_dtype(hs.dtype))
+    return (loss, *_fake_distillation_gradients(hs, ws, ht, wt, need_hs, need_ws, need_ht, need_wt))
+
+
+def _distillation_step_setup(ctx, inputs, output):
+    _keep_step_gradients(ctx, output, tuple(inputs[-4:]))
+
+
+distillation_with_gradients.register_autograd(_step_gradient, setup_context=_distillation_step_setup)

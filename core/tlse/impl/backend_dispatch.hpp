@@ -118,11 +118,20 @@ struct DistillationShape {
   std::size_t memory_budget = memory_budget_default;
 };
 
+/// A training step's shape (distillation_loss_with_gradients): also which row gradients it writes
+/// and whether dWs's storage may hold what the forward keeps (dWs wanted, not added into).
+struct DistillationStepShape : DistillationShape {
+  bool dHs = true, dHt = false, dWs_storage = false;
+};
+
 /// The distillation's tile pairs (distillation_tiles.hpp): the whole forward in one sweep (a
 /// PairStatisticsRequest), or the forward's divergence sums after the LSE sweeps (a
-/// PairTermsRequest), and the backward (a PairBackwardRequest). `scratch_bytes` is the scratch a
-/// call carves for them (0: the generic kernels, which need none); `statistics`, `terms` and
-/// `backward` return false to leave the request to the generic kernels.
+/// PairTermsRequest), the backward (a PairBackwardRequest) and the training step (a
+/// PairStepRequest: the forward's sweep and the backward's, the second reusing what the first
+/// keeps). `scratch_bytes` is the scratch a call carves for them (0: the generic kernels, which
+/// need none); `step_kept_columns` the columns a step keeps the teacher's logits of (0: none, its
+/// two sweeps cost what the two calls do); `statistics`, `terms`, `backward` and `step` return
+/// false to leave the request to the generic kernels (the step: to the two calls).
 template <class Exec>
 struct DistillationSpecialization {
   template <class T>
@@ -139,6 +148,14 @@ struct DistillationSpecialization {
   }
   template <class Request>
   static bool backward(const Exec&, const Request&) {
+    return false;
+  }
+  template <class T>
+  static index_t step_kept_columns(const Exec&, const DistillationStepShape&) {
+    return 0;
+  }
+  template <class Request>
+  static bool step(const Exec&, const Request&) {
     return false;
   }
 };

@@ -270,7 +270,7 @@ constexpr void static_check_row_stats() {
 template <class Acc>
 struct DistillationForwardArrays {
   int *row_target, *active, *position;
-  Acc *stats, *lse, *term_s, *term_t, *target_logit, *row_loss, *total, *partials;
+  Acc *lse, *term_s, *term_t, *target_logit, *row_loss, *total, *partials;
   char* pair_scratch;  // the backend's tile pairs' (distillation_pair_scratch_bytes)
   std::size_t pair_scratch_bytes;
   template <class Exec>
@@ -309,6 +309,24 @@ struct DistillationBackwardArrays {
     a.position = c.take<int>(N);
     a.div = c.take<Acc>(N);
     a.ce = c.take<Acc>(N);
+    return a;
+  }
+};
+
+/// The workspace arrays of a training step (distillation_loss_with_gradients): the forward's,
+/// the backward's coefficients and the statistics the forward saves for the backward.
+template <class Acc>
+struct DistillationStepArrays {
+  DistillationForwardArrays<Acc> forward;
+  Acc *div, *ce, *stats;
+  template <class Exec>
+  static DistillationStepArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V,
+                                      std::size_t pair_scratch_bytes) {
+    DistillationStepArrays a;
+    a.forward = DistillationForwardArrays<Acc>::carve(c, exec, N, V, pair_scratch_bytes);
+    a.div = c.take<Acc>(N);
+    a.ce = c.take<Acc>(N);
+    a.stats = c.take<Acc>(N * distillation_row_stats);
     return a;
   }
 };

@@ -292,6 +292,24 @@ struct PairBackwardRequest {
   std::size_t scratch_bytes;
 };
 
+/// The training step as a backend specialization may take it: the forward's statistics in one
+/// sweep (into forward.stats, which backward.grad.pp.stats is), then the backward, in the
+/// forward's scratch, so that what the first sweep computes may serve the second.
+template <class T, class Acc, class G>
+struct PairStepRequest {
+  PairStatisticsRequest<T, Acc> forward;
+  PairBackwardRequest<T, Acc, G> backward;
+};
+
+/// Runs a training step on a backend's specialization; false: nothing ran (the two calls are to).
+template <class Exec, class T, class Acc, class G>
+bool distillation_step(const Exec& exec, const PairStatisticsRequest<T, Acc>& forward,
+                       const PairBackwardRequest<T, Acc, G>& backward) {
+  return forward.pp.student.rows.count > 0 && forward.pp.student.cols.count > 0 && forward.scratch_bytes > 0 &&
+         specializations_enabled() &&
+         DistillationSpecialization<Exec>::step(exec, PairStepRequest<T, Acc, G>{forward, backward});
+}
+
 /// A backward pass over tile pairs: teams own row tiles (grad_s = dHs, grad_t = dHt) or column
 /// tiles (dWs, dWt), recompute both heads' tiles against the whole other side, form dL/dx of
 /// each head and add its product with that head's other operand into level-1 scratch (TM x

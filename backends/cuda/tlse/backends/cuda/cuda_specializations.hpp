@@ -171,6 +171,26 @@ struct DistillationSpecialization<Kokkos::Cuda> {
     return false;
 #endif
   }
+  template <class T>
+  static index_t step_kept_columns(const Kokkos::Cuda& exec, const DistillationStepShape& shape) {
+#if defined(TLSE_HAVE_HOPPER)
+    if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper)
+      return cuda::DistillationHopper::step_kept_columns<T>(shape);
+#else
+    (void)exec, (void)shape;
+#endif
+    return 0;
+  }
+  template <class Request>
+  static bool step(const Kokkos::Cuda& exec, const Request& r) {
+#if defined(TLSE_HAVE_HOPPER)
+    return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+           cuda::DistillationHopper::step(exec.cuda_stream(), r);
+#else
+    (void)exec, (void)r;
+    return false;
+#endif
+  }
 };
 
 template <>

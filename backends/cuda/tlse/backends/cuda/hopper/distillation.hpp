@@ -15,6 +15,10 @@
 //   3. the backward's products: dWs_panel = Gs^T Hs (complete, rounded to bf16 once) and
 //      acc_s += Gs Ws_panel (fp32, every row x D_s); the teacher's likewise where wanted. Then
 //      dHs = acc_s (+ dHs with accumulate).
+// The training step (DistillationHopper::step) runs the forward's sweep and then the backward's,
+// the first writing the teacher's dot products of its first panels where they stay until the
+// second reads them (DistillationPanels::for_step): the teacher's product of those columns runs
+// once, not twice.
 // The logits are the tensor cores' fp32 sums of bf16 products (the generic tiles sum in another
 // order) and G is rounded to bf16 before its products, as the cross-entropy's backward rounds
 // its G. Fixed order throughout (panels in turn, the blocks' sums a fixed tree): bitwise
@@ -35,18 +39,31 @@
 #include <tlse/impl/backend_dispatch.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 #include <type_traits>
+#include <utility>
 
 namespace tlse::impl::cuda {
 
 /// The panels a scratch holds: P columns of both heads' fp32 dot products for every stored row,
-/// beside the fp32 row-gradient accumulators of the heads whose dH is wanted.
+/// beside the fp32 row-gradient accumulators of the heads whose dH is wanted; in a training step
+/// also the teacher's dot products of its first panels, kept from the forward's sweep for the
+/// backward's: the first `in_gradient` in dWs's storage (16-bit elements, the caller's, which the
+/// backward writes only after reading them: panel k at P D_s + k stride elements, stride = P
+/// max(2 rows, D_s), past dWs's rows of panels 0..k), the next `in_scratch` in the scratch.
 struct DistillationPanels {
   static constexpr index_t STEP = 256;  // the Hopper tiles' width
-  index_t panel = 0;                    // P; 0: the scratch holds no panel
+  /// The step's panel widths, from which it takes the one keeping the most columns: narrower
+  /// panels keep more of them, but below the minimum (or a quarter of a smaller vocabulary) the dW
+  /// products of a panel (panel x D outputs over every row) leave most of their last wave of
+  /// tiles idle.
+  static constexpr index_t STEP_PANEL_MIN = 6144, STEP_PANEL_MAX = 8192;
+  index_t panel = 0;  // P; 0: the scratch holds no panel
   index_t rows = 0, acc_s = 0, acc_t = 0;
+  index_t depth_s = 0, in_gradient = 0, in_scratch = 0;  // the step's kept panels
 
   struct Buffers {
     float *zs, *zt, *acc_s, *acc_t;
+    float* kept;              // in_scratch panels of rows x P
+    std::uint16_t* gradient;  // dWs's storage, where in_gradient > 0
   };
 
   /// The widest panel within `bytes` for `rows` rows (no wider than the vocabulary, rounded up
@@ -61,12 +78,54 @@ struct DistillationPanels {
     p.panel = std::min(fit, (cols + STEP - 1) / STEP * STEP);
     return p;
   }
+
+  /// A training step's panels within `bytes`: of the widths `within` allows (its widest, and
+  /// STEP_PANEL_MIN, or a quarter of the vocabulary where less, to STEP_PANEL_MAX), the one whose
+  /// kept panels cover the most columns (the wider on a tie); dWs's storage (depth_s columns)
+  /// holds some where `gradient_storage`.
+  static DistillationPanels for_step(std::size_t bytes, index_t rows, index_t cols, index_t depth_s, index_t acc_s,
+                                     index_t acc_t, bool gradient_storage) {
+    DistillationPanels best = within(bytes, rows, cols, acc_s, acc_t);
+    if (best.panel == 0) return best;
+    const index_t widest = best.panel;
+    const auto keeping = [&](index_t width) {
+      DistillationPanels p = best;
+      p.panel = width, p.depth_s = depth_s, p.in_gradient = p.in_scratch = 0;
+      const index_t count = (cols + width - 1) / width;
+      if (gradient_storage && width < cols)
+        p.in_gradient = std::min(count, (cols - width) * depth_s / (width * std::max(2 * rows, depth_s)));
+      const std::size_t one = sizeof(float) * std::size_t(rows) * std::size_t(width);
+      const std::size_t used = p.bytes() + WorkspaceCarver::alignment;
+      p.in_scratch = used < bytes ? std::min(count - p.in_gradient, index_t((bytes - used) / one)) : 0;
+      return p;
+    };
+    best = keeping(widest);
+    const index_t narrowest = std::min(STEP_PANEL_MIN, std::max(STEP, (cols / 4 + STEP - 1) / STEP * STEP));
+    for (index_t width = narrowest; width <= std::min(STEP_PANEL_MAX, widest); width += STEP) {
+      const DistillationPanels p = keeping(width);
+      if (p.kept_columns(cols) >= best.kept_columns(cols) && p.kept_columns(cols) > 0) best = p;
+    }
+    return best;
+  }
+
+  index_t kept_panels() const { return in_gradient + in_scratch; }
+  index_t kept_columns(index_t cols) const { return std::min(cols, kept_panels() * panel); }
+  /// Where kept panel k lies (nullptr: panel k is not kept).
+  float* kept_panel(const Buffers& b, index_t k) const {
+    if (k < in_gradient)
+      return reinterpret_cast<float*>(b.gradient + panel * depth_s + k * panel * std::max(2 * rows, depth_s));
+    if (k < kept_panels()) return b.kept + (k - in_gradient) * rows * panel;
+    return nullptr;
+  }
+
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
     b.zs = c.take<float>(rows * panel);
     b.zt = c.take<float>(rows * panel);
     b.acc_s = c.take<float>(acc_s);
     b.acc_t = c.take<float>(acc_t);
+    b.kept = c.take<float>(in_scratch * rows * panel);
+    b.gradient = nullptr;
     return b;
   }
   std::size_t bytes() const {
@@ -305,6 +364,15 @@ struct DistillationHopper {
     }
   }
 
+  /// The columns a training step of this shape keeps the teacher's dot products of (0: none, or
+  /// the step does not run here).
+  template <class T>
+  static index_t step_kept_columns(const DistillationStepShape& s) {
+    const std::size_t bytes = scratch_bytes<T>(s);
+    if (bytes == 0) return 0;
+    return step_panels(bytes, s.rows, s.cols, s.depth_s, s.depth_t, s.dHs, s.dHt, s.dWs_storage).kept_columns(s.cols);
+  }
+
   /// The KLs' forward in one sweep (a PairStatisticsRequest); false for the JSD or when the
   /// problem does not qualify.
   template <class Request>
@@ -317,21 +385,10 @@ struct DistillationHopper {
     } else {
       if (pp.model.divergence == Divergence::jsd || !qualifies(pp)) return false;
       const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
-      const index_t state_floats = rows * index_t(sizeof(PairRowStates) / sizeof(float));
-      const DistillationPanels panels = DistillationPanels::within(r.scratch_bytes, rows, cols, state_floats, 0);
+      const DistillationPanels panels = DistillationPanels::within(r.scratch_bytes, rows, cols, state_floats(rows), 0);
       if (panels.panel == 0) return false;
       WorkspaceCarver carver(aligned_base(r.scratch));
-      const DistillationPanels::Buffers buf = panels.carve(carver);
-      auto* states = reinterpret_cast<PairRowStates*>(buf.acc_s);
-      for (index_t first = 0; first < cols; first += panels.panel) {
-        const index_t width = std::min(panels.panel, cols - first);
-        logit_panel(stream, pp.student, first, width, buf.zs, panels.panel);
-        logit_panel(stream, pp.teacher, first, width, buf.zt, panels.panel);
-        pair_statistics_kernel<<<row_blocks(rows), 256, 0, stream>>>(
-            r, buf.zs, buf.zt, panels.panel, rows, first, width, states, pp.model.divergence == Divergence::forward_kl,
-            first == 0, first + width >= cols);
-        check_launch("pair_statistics_kernel");
-      }
+      forward_sweep(stream, r, panels, panels.carve(carver));
       return true;
     }
   }
@@ -346,19 +403,16 @@ struct DistillationHopper {
       return false;
     } else {
       if (!qualifies(pp)) return false;
-      const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
-      const DistillationPanels panels = DistillationPanels::within(r.scratch_bytes, rows, cols, 0, 0);
+      const index_t rows = pp.student.rows.stored;
+      const DistillationPanels panels = DistillationPanels::within(r.scratch_bytes, rows, pp.student.cols.count, 0, 0);
       if (panels.panel == 0) return false;
       WorkspaceCarver carver(aligned_base(r.scratch));
-      const DistillationPanels::Buffers buf = panels.carve(carver);
-      for (index_t first = 0; first < cols; first += panels.panel) {
-        const index_t width = std::min(panels.panel, cols - first);
-        logit_panel(stream, pp.student, first, width, buf.zs, panels.panel);
-        logit_panel(stream, pp.teacher, first, width, buf.zt, panels.panel);
-        pair_terms_kernel<<<row_blocks(rows), 256, 0, stream>>>(pp, buf.zs, buf.zt, panels.panel, rows, first, width,
-                                                                r.term_s, r.term_t, first > 0);
+      const index_t P = panels.panel;
+      sweep(stream, pp, panels, panels.carve(carver), false, [&](index_t first, index_t width, float* zs, float* zt) {
+        pair_terms_kernel<<<row_blocks(rows), 256, 0, stream>>>(pp, zs, zt, P, rows, first, width, r.term_s, r.term_t,
+                                                                first > 0);
         check_launch("pair_terms_kernel");
-      }
+      });
       return true;
     }
   }
@@ -366,13 +420,10 @@ struct DistillationHopper {
   /// The backward (a PairBackwardRequest); false when the problem does not qualify.
   template <class Request>
   static bool backward(cudaStream_t stream, const Request& r) {
-    const auto& pp = r.grad.pp;
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(pp.student.rows.data)>>;
-    using G = std::remove_pointer_t<decltype(r.dHs)>;
-    using Acc = std::remove_const_t<std::remove_pointer_t<decltype(pp.stats)>>;
-    if constexpr (!takes<T> || !std::is_same<G, T>::value || !std::is_same<Acc, float>::value) {
+    if constexpr (!backward_takes<Request>()) {
       return false;
     } else {
+      const auto& pp = r.grad.pp;
       if (!qualifies(pp)) return false;
       const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
       const index_t ds = pp.student.depth, dt = pp.teacher.depth;
@@ -380,31 +431,111 @@ struct DistillationHopper {
           DistillationPanels::within(r.scratch_bytes, rows, cols, r.dHs ? rows * ds : 0, r.dHt ? rows * dt : 0);
       if (panels.panel == 0) return false;
       WorkspaceCarver carver(aligned_base(r.scratch));
-      const DistillationPanels::Buffers buf = panels.carve(carver);
-      const bool want_s = r.dHs || r.dWs, want_t = r.dHt || r.dWt;
-      const index_t P = panels.panel;
-      for (index_t first = 0; first < cols; first += P) {
-        const index_t width = std::min(P, cols - first);
-        logit_panel(stream, pp.student, first, width, buf.zs, P);
-        logit_panel(stream, pp.teacher, first, width, buf.zt, P);
-        pair_gradient_kernel<T>
-            <<<row_blocks(rows), 256, 0, stream>>>(r.grad, buf.zs, buf.zt, P, rows, first, width, want_s, want_t);
-        check_launch("pair_gradient_kernel");
-        if (want_s)
-          gradient_products(stream, pp.student, buf.zs, P, first, width, r.dWs, r.dHs ? buf.acc_s : nullptr,
-                            r.accumulate);
-        if (want_t)
-          gradient_products(stream, pp.teacher, buf.zt, P, first, width, r.dWt, r.dHt ? buf.acc_t : nullptr,
-                            r.accumulate);
-      }
-      if (r.dHs) finish_rows(stream, buf.acc_s, rows, ds, nullptr, r.dHs, r.accumulate);
-      if (r.dHt) finish_rows(stream, buf.acc_t, rows, dt, nullptr, r.dHt, r.accumulate);
+      backward_sweep(stream, r, panels, panels.carve(carver));
+      return true;
+    }
+  }
+
+  /// The training step (a PairStepRequest): the forward's one sweep, which writes the teacher's
+  /// dot products of the first panels where they are kept (DistillationPanels::for_step), then
+  /// the backward's, which reads those instead of recomputing them. The products and row kernels
+  /// are the two calls', over panels that may be narrower (for more kept columns): the same
+  /// results up to rounding, and bitwise reproducible. false for the JSD or when the problem
+  /// does not qualify (nothing run).
+  template <class Request>
+  static bool step(cudaStream_t stream, const Request& r) {
+    if constexpr (!backward_takes<std::remove_reference_t<decltype(r.backward)>>()) {
+      return false;
+    } else {
+      const auto& b = r.backward;
+      const auto& pp = b.grad.pp;
+      if (pp.model.divergence == Divergence::jsd || !qualifies(pp)) return false;
+      const index_t rows = pp.student.rows.stored, cols = pp.student.cols.count;
+      const bool in_dws = b.dWs && !b.accumulate && reinterpret_cast<std::uintptr_t>(b.dWs) % 16 == 0;
+      const DistillationPanels panels = step_panels(r.forward.scratch_bytes, rows, cols, pp.student.depth,
+                                                    pp.teacher.depth, b.dHs != nullptr, b.dHt != nullptr, in_dws);
+      if (panels.panel == 0) return false;
+      WorkspaceCarver carver(aligned_base(r.forward.scratch));
+      DistillationPanels::Buffers buf = panels.carve(carver);
+      buf.gradient = reinterpret_cast<std::uint16_t*>(b.dWs);
+      forward_sweep(stream, r.forward, panels, buf);
+      backward_sweep(stream, b, panels, buf);
       return true;
     }
   }
 
  private:
   static unsigned row_blocks(index_t rows) { return unsigned(std::min<index_t>(rows, 65535)); }
+
+  static index_t state_floats(index_t rows) { return rows * index_t(sizeof(PairRowStates) / sizeof(float)); }
+
+  /// Whether a backward request's types are this path's (bf16 in, bf16 gradients, fp32 sums).
+  template <class Request>
+  static constexpr bool backward_takes() {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(std::declval<Request&>().grad.pp.student.rows.data)>>;
+    using G = std::remove_pointer_t<decltype(std::declval<Request&>().dHs)>;
+    using Acc = std::remove_const_t<std::remove_pointer_t<decltype(std::declval<Request&>().grad.pp.stats)>>;
+    return takes<T> && std::is_same<G, T>::value && std::is_same<Acc, float>::value;
+  }
+
+  /// A step's panels: the forward's row states and the backward's accumulators share a space.
+  static DistillationPanels step_panels(std::size_t bytes, index_t rows, index_t cols, index_t ds, index_t dt, bool dHs,
+                                        bool dHt, bool dws_storage) {
+    return DistillationPanels::for_step(bytes, rows, cols, ds, std::max(dHs ? rows * ds : 0, state_floats(rows)),
+                                        dHt ? rows * dt : 0, dws_storage);
+  }
+
+  /// For each panel of the vocabulary in turn: both heads' dot products into buf.zs and buf.zt,
+  /// the teacher's of a kept panel into where it is kept instead (or, with `reuse`, not computed:
+  /// read from there), then pass(first, width, zs, zt).
+  template <class Pair, class Pass>
+  static void sweep(cudaStream_t stream, const Pair& pp, const DistillationPanels& panels,
+                    const DistillationPanels::Buffers& buf, bool reuse, Pass&& pass) {
+    const index_t cols = pp.student.cols.count, P = panels.panel;
+    for (index_t first = 0, k = 0; first < cols; first += P, ++k) {
+      const index_t width = std::min(P, cols - first);
+      float* kept = panels.kept_panel(buf, k);
+      float* zt = kept ? kept : buf.zt;
+      logit_panel(stream, pp.student, first, width, buf.zs, P);
+      if (!(reuse && kept)) logit_panel(stream, pp.teacher, first, width, zt, P);
+      pass(first, width, buf.zs, zt);
+    }
+  }
+
+  /// The KLs' forward sweep (PairStatisticsRequest), the row states in buf.acc_s.
+  template <class Request>
+  static void forward_sweep(cudaStream_t stream, const Request& r, const DistillationPanels& panels,
+                            const DistillationPanels::Buffers& buf) {
+    const index_t rows = r.pp.student.rows.stored, cols = r.pp.student.cols.count, P = panels.panel;
+    auto* states = reinterpret_cast<PairRowStates*>(buf.acc_s);
+    const bool forward = r.pp.model.divergence == Divergence::forward_kl;
+    sweep(stream, r.pp, panels, buf, false, [&](index_t first, index_t width, float* zs, float* zt) {
+      pair_statistics_kernel<<<row_blocks(rows), 256, 0, stream>>>(r, zs, zt, P, rows, first, width, states, forward,
+                                                                   first == 0, first + width >= cols);
+      check_launch("pair_statistics_kernel");
+    });
+  }
+
+  /// The backward's sweep (PairBackwardRequest): G of both heads in place, their products, dH.
+  template <class Request>
+  static void backward_sweep(cudaStream_t stream, const Request& r, const DistillationPanels& panels,
+                             const DistillationPanels::Buffers& buf) {
+    const auto& pp = r.grad.pp;
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(pp.student.rows.data)>>;
+    const index_t rows = pp.student.rows.stored, P = panels.panel;
+    const bool want_s = r.dHs || r.dWs, want_t = r.dHt || r.dWt;
+    sweep(stream, pp, panels, buf, true, [&](index_t first, index_t width, float* zs, float* zt) {
+      pair_gradient_kernel<T>
+          <<<row_blocks(rows), 256, 0, stream>>>(r.grad, zs, zt, P, rows, first, width, want_s, want_t);
+      check_launch("pair_gradient_kernel");
+      if (want_s)
+        gradient_products(stream, pp.student, zs, P, first, width, r.dWs, r.dHs ? buf.acc_s : nullptr, r.accumulate);
+      if (want_t)
+        gradient_products(stream, pp.teacher, zt, P, first, width, r.dWt, r.dHt ? buf.acc_t : nullptr, r.accumulate);
+    });
+    if (r.dHs) finish_rows(stream, buf.acc_s, rows, pp.student.depth, nullptr, r.dHs, r.accumulate);
+    if (r.dHt) finish_rows(stream, buf.acc_t, rows, pp.teacher.depth, nullptr, r.dHt, r.accumulate);
+  }
 
   /// Both heads read in place with TMA under the plain logit model (the distillation's: a scale).
   template <class Pair>
