@@ -48,7 +48,10 @@ namespace tlse::impl::cuda {
 /// also the teacher's dot products of its first panels, kept from the forward's sweep for the
 /// backward's: the first `in_gradient` in dWs's storage (16-bit elements, the caller's, which the
 /// backward writes only after reading them: panel k at P D_s + k stride elements, stride = P
-/// max(2 rows, D_s), past dWs's rows of panels 0..k), the next `in_scratch` in the scratch.
+/// max(2 rows, D_s), past dWs's rows of panels 0..k), the next `in_scratch` in the scratch. Where
+/// one is in the scratch the step may take its place as the teacher's working panel
+/// (`zt_in_kept`): the forward sweeps the panels it does not keep before the kept ones, which
+/// fill it last, and the backward sweeps them after the kept ones, which free it first.
 struct DistillationPanels {
   static constexpr index_t STEP = 256;  // the Hopper tiles' width
   /// The step's panel widths, from which it takes the one keeping the most columns: narrower
@@ -59,10 +62,11 @@ struct DistillationPanels {
   index_t panel = 0;  // P; 0: the scratch holds no panel
   index_t rows = 0, acc_s = 0, acc_t = 0;
   index_t depth_s = 0, in_gradient = 0, in_scratch = 0;  // the step's kept panels
+  bool zt_in_kept = false;
 
   struct Buffers {
     float *zs, *zt, *acc_s, *acc_t;
-    float* kept;              // in_scratch panels of rows x P
+    float* kept;              // in_scratch panels of rows x P (the first also zt where zt_in_kept)
     std::uint16_t* gradient;  // dWs's storage, where in_gradient > 0
   };
 
@@ -88,23 +92,25 @@ struct DistillationPanels {
     DistillationPanels best = within(bytes, rows, cols, acc_s, acc_t);
     if (best.panel == 0) return best;
     const index_t widest = best.panel;
-    const auto keeping = [&](index_t width) {
+    const auto keeping = [&](index_t width, bool zt_in_kept) {
       DistillationPanels p = best;
-      p.panel = width, p.depth_s = depth_s, p.in_gradient = p.in_scratch = 0;
+      p.panel = width, p.depth_s = depth_s, p.in_gradient = p.in_scratch = 0, p.zt_in_kept = zt_in_kept;
       const index_t count = (cols + width - 1) / width;
       if (gradient_storage && width < cols)
         p.in_gradient = std::min(count, (cols - width) * depth_s / (width * std::max(2 * rows, depth_s)));
       const std::size_t one = sizeof(float) * std::size_t(rows) * std::size_t(width);
       const std::size_t used = p.bytes() + WorkspaceCarver::alignment;
       p.in_scratch = used < bytes ? std::min(count - p.in_gradient, index_t((bytes - used) / one)) : 0;
+      if (zt_in_kept && p.in_scratch == 0) p.in_gradient = 0;  // no such layout: keeps nothing
       return p;
     };
-    best = keeping(widest);
+    best = keeping(widest, false);
     const index_t narrowest = std::min(STEP_PANEL_MIN, std::max(STEP, (cols / 4 + STEP - 1) / STEP * STEP));
-    for (index_t width = narrowest; width <= std::min(STEP_PANEL_MAX, widest); width += STEP) {
-      const DistillationPanels p = keeping(width);
-      if (p.kept_columns(cols) >= best.kept_columns(cols) && p.kept_columns(cols) > 0) best = p;
-    }
+    for (index_t width = narrowest; width <= std::min(STEP_PANEL_MAX, widest); width += STEP)
+      for (bool zt_in_kept : {false, true}) {
+        const DistillationPanels p = keeping(width, zt_in_kept);
+        if (p.kept_columns(cols) >= best.kept_columns(cols) && p.kept_columns(cols) > 0) best = p;
+      }
     return best;
   }
 
@@ -121,10 +127,11 @@ struct DistillationPanels {
   Buffers carve(WorkspaceCarver& c) const {
     Buffers b;
     b.zs = c.take<float>(rows * panel);
-    b.zt = c.take<float>(rows * panel);
+    b.zt = c.take<float>(zt_in_kept ? 0 : rows * panel);
     b.acc_s = c.take<float>(acc_s);
     b.acc_t = c.take<float>(acc_t);
     b.kept = c.take<float>(in_scratch * rows * panel);
+    if (zt_in_kept) b.zt = b.kept;
     b.gradient = nullptr;
     return b;
   }
@@ -249,8 +256,8 @@ __global__ void pair_terms_kernel(Problem pp, const float* zs, const float* zt, 
 }
 
 /// The KLs' forward in one sweep: folds the panel's columns [first, first + width) into each
-/// scored stored row's running states (states[r], written by the first panel) and, after the last
-/// panel, stores the row's statistics (Request::store). forward: the teacher's state tracks
+/// scored stored row's running states (states[r], written by the sweep's first panel) and, after
+/// its last, stores the row's statistics (Request::store). forward: the teacher's state tracks
 /// b - a (the forward KL), else the student's tracks a - b (the reverse KL).
 template <class Request>
 __global__ void pair_statistics_kernel(Request req, const float* zs, const float* zt, index_t ld, index_t rows,
@@ -408,11 +415,12 @@ struct DistillationHopper {
       if (panels.panel == 0) return false;
       WorkspaceCarver carver(aligned_base(r.scratch));
       const index_t P = panels.panel;
-      sweep(stream, pp, panels, panels.carve(carver), false, [&](index_t first, index_t width, float* zs, float* zt) {
-        pair_terms_kernel<<<row_blocks(rows), 256, 0, stream>>>(pp, zs, zt, P, rows, first, width, r.term_s, r.term_t,
-                                                                first > 0);
-        check_launch("pair_terms_kernel");
-      });
+      sweep(stream, pp, panels, panels.carve(carver), false, false,
+            [&](index_t first, index_t width, float* zs, float* zt, bool opens, bool) {
+              pair_terms_kernel<<<row_blocks(rows), 256, 0, stream>>>(pp, zs, zt, P, rows, first, width, r.term_s,
+                                                                      r.term_t, !opens);
+              check_launch("pair_terms_kernel");
+            });
       return true;
     }
   }
@@ -485,20 +493,23 @@ struct DistillationHopper {
                                         dHt ? rows * dt : 0, dws_storage);
   }
 
-  /// For each panel of the vocabulary in turn: both heads' dot products into buf.zs and buf.zt,
-  /// the teacher's of a kept panel into where it is kept instead (or, with `reuse`, not computed:
-  /// read from there), then pass(first, width, zs, zt).
+  /// For each panel of the vocabulary: both heads' dot products into buf.zs and buf.zt, the
+  /// teacher's of a kept panel into where it is kept instead (or, with `reuse`, not computed:
+  /// read from there), then pass(first, width, zs, zt, opens, closes) (the sweep's first and last
+  /// panel). In order, or with `kept_last` the panels not kept first.
   template <class Pair, class Pass>
   static void sweep(cudaStream_t stream, const Pair& pp, const DistillationPanels& panels,
-                    const DistillationPanels::Buffers& buf, bool reuse, Pass&& pass) {
+                    const DistillationPanels::Buffers& buf, bool reuse, bool kept_last, Pass&& pass) {
     const index_t cols = pp.student.cols.count, P = panels.panel;
-    for (index_t first = 0, k = 0; first < cols; first += P, ++k) {
-      const index_t width = std::min(P, cols - first);
-      float* kept = panels.kept_panel(buf, k);
-      float* zt = kept ? kept : buf.zt;
+    const index_t count = (cols + P - 1) / P, kept = kept_last ? std::min(count, panels.kept_panels()) : 0;
+    for (index_t i = 0; i < count; ++i) {
+      const index_t k = i < count - kept ? kept + i : i - (count - kept);
+      const index_t first = k * P, width = std::min(P, cols - first);
+      float* kept_here = panels.kept_panel(buf, k);
+      float* zt = kept_here ? kept_here : buf.zt;
       logit_panel(stream, pp.student, first, width, buf.zs, P);
-      if (!(reuse && kept)) logit_panel(stream, pp.teacher, first, width, zt, P);
-      pass(first, width, buf.zs, zt);
+      if (!(reuse && kept_here)) logit_panel(stream, pp.teacher, first, width, zt, P);
+      pass(first, width, buf.zs, zt, i == 0, i == count - 1);
     }
   }
 
@@ -506,14 +517,15 @@ struct DistillationHopper {
   template <class Request>
   static void forward_sweep(cudaStream_t stream, const Request& r, const DistillationPanels& panels,
                             const DistillationPanels::Buffers& buf) {
-    const index_t rows = r.pp.student.rows.stored, cols = r.pp.student.cols.count, P = panels.panel;
+    const index_t rows = r.pp.student.rows.stored, P = panels.panel;
     auto* states = reinterpret_cast<PairRowStates*>(buf.acc_s);
     const bool forward = r.pp.model.divergence == Divergence::forward_kl;
-    sweep(stream, r.pp, panels, buf, false, [&](index_t first, index_t width, float* zs, float* zt) {
-      pair_statistics_kernel<<<row_blocks(rows), 256, 0, stream>>>(r, zs, zt, P, rows, first, width, states, forward,
-                                                                   first == 0, first + width >= cols);
-      check_launch("pair_statistics_kernel");
-    });
+    sweep(stream, r.pp, panels, buf, false, panels.zt_in_kept,
+          [&](index_t first, index_t width, float* zs, float* zt, bool opens, bool closes) {
+            pair_statistics_kernel<<<row_blocks(rows), 256, 0, stream>>>(r, zs, zt, P, rows, first, width, states,
+                                                                         forward, opens, closes);
+            check_launch("pair_statistics_kernel");
+          });
   }
 
   /// The backward's sweep (PairBackwardRequest): G of both heads in place, their products, dH.
@@ -524,7 +536,7 @@ struct DistillationHopper {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(pp.student.rows.data)>>;
     const index_t rows = pp.student.rows.stored, P = panels.panel;
     const bool want_s = r.dHs || r.dWs, want_t = r.dHt || r.dWt;
-    sweep(stream, pp, panels, buf, true, [&](index_t first, index_t width, float* zs, float* zt) {
+    sweep(stream, pp, panels, buf, true, false, [&](index_t first, index_t width, float* zs, float* zt, bool, bool) {
       pair_gradient_kernel<T>
           <<<row_blocks(rows), 256, 0, stream>>>(r.grad, zs, zt, P, rows, first, width, want_s, want_t);
       check_launch("pair_gradient_kernel");
