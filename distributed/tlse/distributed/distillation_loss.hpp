@@ -255,15 +255,7 @@ void distillation_loss_backward(const Comm& comm, const HsV& Hs, const WsV& Ws, 
   using Acc = typename decltype(call)::Acc;
   ti::static_check_row_stats<Exec, T, StatsV>();
   ti::static_check_acc_vector<Exec, T, DLossV>();
-  ti::static_check_view<Exec, DHsV, 2>();
-  ti::static_check_view<Exec, DWsV, 2>();
-  ti::static_check_view<Exec, DHtV, 2>();
-  ti::static_check_view<Exec, DWtV, 2>();
-  static_assert(
-      std::is_same<typename DHsV::value_type, T>::value && std::is_same<typename DWsV::value_type, T>::value &&
-          std::is_same<typename DHtV::value_type, T>::value && std::is_same<typename DWtV::value_type, T>::value,
-      "tlse::distributed::distillation_loss_backward: dHs, dWs, dHt and dWt are non-const views of the "
-      "input scalar type");
+  ti::static_check_distillation_gradients<Exec, T, DHsV, DWsV, DHtV, DWtV>();
   typename decltype(call)::WantedGradients wanted{};
   const auto shard = impl::agree_distillation(comm, check, call, dHs.size() > 0, dHt.size() > 0, [&] {
     call.check_row_stats(row_stats);
