@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import tiledlse
 from tiledlse import _calls, _functions, _library
+from test_tiledlse import calls_made as shared_calls_made
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "python", "distill.py")
@@ -279,25 +280,8 @@ def test_options_layout_and_row_stats_match_tlse_h():
 
 
 def calls_made(run):
-    """Runs `run()` and returns the names of the library calls it made, in order: which path ran."""
-    names = ("distillation_forward", "distillation_backward", "distillation_with_gradients")
-    originals = {name: getattr(_calls, name) for name in names}
-
-    def spy(name):
-        def call(*args, **kwargs):
-            made.append(name)
-            return originals[name](*args, **kwargs)
-        return call
-
-    made = []
-    for name in names:
-        setattr(_calls, name, spy(name))
-    try:
-        run()
-    finally:
-        for name in names:
-            setattr(_calls, name, originals[name])
-    return made
+    """The distillation's library calls `run()` made, in order (test_tiledlse.calls_made)."""
+    return shared_calls_made(run, ("distillation_forward", "distillation_backward", "distillation_with_gradients"))
 
 
 STEP = ["distillation_with_gradients"]
