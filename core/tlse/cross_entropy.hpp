@@ -358,12 +358,8 @@ void cross_entropy_with_gradients(
   // The fallback below checks a lent workspace in each of its two calls, and its forward writes
   // the loss before its backward checks: one the backward finds too small (its scratch on GPUs)
   // would fail the call after a write. So the workspace is checked against both (and the step) here.
-  if (opts.workspace.data) {
-    const std::size_t need = cross_entropy_workspace_bytes(exec, E, C, opts);
-    if (opts.workspace.bytes < need)
-      check.fail("workspace", "holds " + std::to_string(opts.workspace.bytes) + " bytes but this call needs " +
-                                  std::to_string(need) + " (cross_entropy_workspace_bytes)");
-  }
+  check.lent_workspace(opts.workspace, "cross_entropy_workspace_bytes",
+                       [&] { return cross_entropy_workspace_bytes(exec, E, C, opts); });
 
   const std::size_t step_scratch =
       impl::fused_step_scratch_bytes(exec, E, C, opts, wanted.dbias, call.want_argmax());

@@ -290,12 +290,8 @@ void distillation_loss_with_gradients(const Exec& exec, const HsV& Hs, const WsV
   const impl::index_t N = call.N, V = call.V;
   // The two calls below check a lent workspace each, and the forward writes the loss before the
   // backward checks: the workspace is checked against both (and the step) here.
-  if (opts.workspace.data) {
-    const std::size_t need = distillation_loss_workspace_bytes(exec, Hs, Ws, Ht, Wt, opts);
-    if (opts.workspace.bytes < need)
-      check.fail("workspace", "holds " + std::to_string(opts.workspace.bytes) + " bytes but this call needs " +
-                                  std::to_string(need) + " (distillation_loss_workspace_bytes)");
-  }
+  check.lent_workspace(opts.workspace, "distillation_loss_workspace_bytes",
+                       [&] { return distillation_loss_workspace_bytes(exec, Hs, Ws, Ht, Wt, opts); });
   const std::size_t pairs = impl::distillation_pair_scratch_bytes<T>(exec, Hs, Ws, Ht, opts);
   bool done = false;
   if (pairs > 0 && call.active_count > 0 &&

@@ -39,6 +39,18 @@ class ArgumentChecker {
     throw std::invalid_argument(std::string(function_) + ": argument '" + argument + "' " + message);
   }
 
+  /// A lent workspace (none: nothing to check) holds `need()` bytes, what the call's sizing
+  /// function `sizer` says. A call that runs two calls, the first writing outputs before the
+  /// second checks its own workspace, checks it against both here first.
+  template <class Need>
+  void lent_workspace(const Workspace& ws, const char* sizer, const Need& need) const {
+    if (!ws.data) return;
+    const std::size_t bytes = need();
+    if (ws.bytes < bytes)
+      fail("workspace", "holds " + std::to_string(ws.bytes) + " bytes but this call needs " + std::to_string(bytes) +
+                            " (" + sizer + ")");
+  }
+
   /// A row-major contiguous matrix (LayoutRight, or a LayoutStride view with those strides).
   template <class V>
   void matrix(const char* name, const V& v) const {
