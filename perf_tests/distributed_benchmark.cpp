@@ -5,10 +5,15 @@
 //     waited on ring transfers (communication not hidden behind compute);
 //   mpirun -np 2 distributed_benchmark ce <N> <D> <V> [dtype] [iterations] [comm] [budget MiB]
 //     the vocabulary-parallel cross-entropy: every rank holds E (N x D) and the targets, and a
-//     contiguous shard of about V / ranks classes of C.
+//     contiguous shard of about V / ranks classes of C;
+//   mpirun -np 2 distributed_benchmark distill <N> <D_s> <D_t> <V> [dtype] [iterations] [comm] [budget MiB]
+//     the vocabulary-parallel distillation (forward KL, teacher frozen: dHs and dWs): every rank
+//     holds Hs, Ht and the targets, and its shard of both heads' classifiers.
 // budget: each rank's options.memory_budget in MiB (default: the library's, 256 MiB).
 // Prints one JSON line (rank 0): median over iterations of the slowest rank's step time (and for
 // the contrastive loss the slowest rank's exposed communication and bytes sent per rank).
+// Ranks beyond the node's GPUs share them (rank % GPUs): "2 ranks on one GPU" measures what the
+// split costs where no second GPU is lent (no NCCL then: it takes one rank a GPU).
 #include <tlse/distributed.hpp>
 #include <tlse_bench/hashed_normal.hpp>
 
@@ -31,7 +36,8 @@ struct Setup {
   int iterations;
   std::string dtype, comm;
   std::size_t memory_budget = tlse::memory_budget_default;
-  long V = 0;  // > 0: the vocabulary-parallel cross-entropy with N = B tokens, D = c, V classes
+  long V = 0;    // > 0: the vocabulary-parallel cross-entropy with N = B tokens, D = c, V classes
+  long D_t = 0;  // > 0 (with V): the vocabulary-parallel distillation, D_s = c
 };
 
 /// Median over iterations of the slowest rank's forward + backward time, in ms.
@@ -98,6 +104,57 @@ int run_cross_entropy(const Setup& s, const Comm& comm) {
   return 0;
 }
 
+/// Vocabulary-parallel distillation: Hs (N x D_s), Ht (N x D_t) and targets on every rank (a
+/// tenth of them ignored), this rank's shards of Ws and Wt (logits of std ~4), forward KL at
+/// T = 1, the teacher frozen.
+template <class T, class Comm>
+int run_distillation(const Setup& s, const Comm& comm) {
+  using Exec = typename Comm::execution_space;
+  using Mem = typename Exec::memory_space;
+  using Acc = tlse::accumulator_t<T>;
+  const int rank = comm.rank(), n = comm.size();
+  const long N = s.B, Ds = s.c, Dt = s.D_t, V = s.V;
+  const std::pair<long, long> shard = share_of(V, rank, n);
+  const long v = shard.first, voff = shard.second;
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+  Matrix Hs("Hs", N, Ds), Ws("Ws", v, Ds), Ht("Ht", N, Dt), Wt("Wt", v, Dt), dHs("dHs", N, Ds), dWs("dWs", v, Ds);
+  Matrix dHt("dHt", 0, Dt), dWt("dWt", 0, Dt);
+  Kokkos::View<int*, Mem> targets("targets", N);
+  const long most = std::max(N, v) * std::max(Ds, Dt);
+  Kokkos::parallel_for(
+      "init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, most), KOKKOS_LAMBDA(long i) {
+        // The same global data whatever the number of ranks: W's entries hashed by global row.
+        const unsigned long hs = (unsigned long)(N * (Ds + Dt) + V * Ds + voff * Dt);
+        if (i < N * Ds) Hs.data()[i] = T(hashed_normal((unsigned long)i));
+        if (i < N * Dt) Ht.data()[i] = T(hashed_normal((unsigned long)(N * Ds + i)));
+        if (i < v * Ds)
+          Ws.data()[i] = T(hashed_normal((unsigned long)(N * (Ds + Dt) + voff * Ds + i)) * 4.0f / sqrtf(float(Ds)));
+        if (i < v * Dt) Wt.data()[i] = T(hashed_normal(hs + (unsigned long)i) * 4.0f / sqrtf(float(Dt)));
+        if (i < N) {
+          const int t = int((hashed_normal((unsigned long)(N * (Ds + Dt) + V * (Ds + Dt) + i)) + 8.0f) * 1e6f) % int(V);
+          targets(i) = t % 10 == 0 ? -100 : t;
+        }
+      });
+  Kokkos::View<Acc*, Mem> loss("loss", 1), dloss("dloss", 1);
+  Kokkos::View<Acc**, Kokkos::LayoutRight, Mem> stats("row_stats", N, tlse::distillation_row_stats);
+  Kokkos::deep_copy(dloss, Acc(1));
+  tlse::DistillationOptions o;
+  o.memory_budget = s.memory_budget;
+  const double ms = timed_median(comm.exec(), s.iterations, [&] {
+    tlse::distributed::distillation_loss(comm, Hs, Ws, Ht, Wt, targets, loss, stats, o);
+    tlse::distributed::distillation_loss_backward(comm, Hs, Ws, Ht, Wt, targets, stats, dloss, dHs, dWs, dHt, dWt, o);
+  });
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss);
+  if (rank == 0)
+    std::printf(
+        "{\"kind\": \"distributed_distillation_fwd_bwd\", \"ranks\": %d, \"comm\": \"%s\", \"N\": %ld, "
+        "\"D_s\": %ld, \"D_t\": %ld, \"V\": %ld, \"dtype\": \"%s\", \"loss\": %.6f, \"ms_step\": %.3f, "
+        "\"exec\": \"%s\", \"iterations\": %d, \"budget_MiB\": %zu}\n",
+        n, s.comm.c_str(), N, Ds, Dt, V, s.dtype.c_str(), double(h(0)), ms, Exec::name(), s.iterations,
+        s.memory_budget >> 20);
+  return 0;
+}
+
 template <class T, class Comm>
 int run(const Setup& s, const Comm& comm) {
   using Exec = typename Comm::execution_space;
@@ -156,6 +213,11 @@ int run(const Setup& s, const Comm& comm) {
 
 template <class Comm>
 int dispatch(const Setup& s, const Comm& comm) {
+  if (s.D_t > 0) {
+    if (s.dtype == "f64") return run_distillation<double>(s, comm);
+    if (s.dtype == "bf16") return run_distillation<tlse::bfloat16>(s, comm);
+    return run_distillation<float>(s, comm);
+  }
   if (s.V > 0) {
     if (s.dtype == "f64") return run_cross_entropy<double>(s, comm);
     if (s.dtype == "bf16") return run_cross_entropy<tlse::bfloat16>(s, comm);
@@ -173,22 +235,25 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const bool ce = argc > 1 && std::string(argv[1]) == "ce";
-  const int a = ce ? 2 : 0;  // offset of the shared arguments: dtype, iterations, comm
-  if (argc < (ce ? 5 : 3)) {
+  const bool ce = argc > 1 && std::string(argv[1]) == "ce", distill = argc > 1 && std::string(argv[1]) == "distill";
+  const int a = ce ? 2 : distill ? 3 : 0;  // offset of the shared arguments: dtype, iterations, comm
+  if (argc < 3 + a) {
     if (rank == 0)
       std::fprintf(stderr,
                    "usage: distributed_benchmark B c [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware] "
                    "[budget MiB]\n"
                    "       distributed_benchmark ce N D V [f32|tf32|bf16|f64] [iterations] [mpi|nccl|mpi-gpu-aware] "
-                   "[budget MiB]\n");
+                   "[budget MiB]\n"
+                   "       distributed_benchmark distill N D_s D_t V [f32|bf16|f64] [iterations] "
+                   "[mpi|nccl|mpi-gpu-aware] [budget MiB]\n");
     MPI_Finalize();
     return 2;
   }
-  Setup s{std::atol(argv[1 + (ce ? 1 : 0)]), std::atol(argv[2 + (ce ? 1 : 0)]),
-          argc > 4 + a ? std::atoi(argv[4 + a]) : 5, argc > 3 + a ? argv[3 + a] : "f32",
-          argc > 5 + a ? argv[5 + a] : "mpi"};
+  const int named = ce || distill ? 1 : 0;  // the mode's name before the sizes
+  Setup s{std::atol(argv[1 + named]), std::atol(argv[2 + named]), argc > 4 + a ? std::atoi(argv[4 + a]) : 5,
+          argc > 3 + a ? argv[3 + a] : "f32", argc > 5 + a ? argv[5 + a] : "mpi"};
   if (ce) s.V = std::atol(argv[4]);
+  if (distill) s.D_t = std::atol(argv[4]), s.V = std::atol(argv[5]);
   if (argc > 6 + a) {
     const long mib = std::atol(argv[6 + a]);
     if (mib < 1) {
@@ -206,6 +271,9 @@ int main(int argc, char** argv) {
     int local = 0;
     MPI_Comm_rank(node, &local);
     MPI_Comm_free(&node);
+    int gpus = 1;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) gpus = 1;
+    local %= gpus;
     std::string device = "--kokkos-device-id=" + std::to_string(local);
     char* args[] = {argv[0], device.data(), nullptr};
     int nargs = 2;

@@ -504,6 +504,24 @@ TYPED_TEST(Distributed, DistillationVocabularyShards) {
   }
 }
 
+TYPED_TEST(Distributed, DistillationKlsInPanels) {
+  TLSE_SHARED_SEED(rng);
+  // Depths that the GPU's tile-pair kernels take (multiples of 8) and a budget that holds panels
+  // of 256 columns of 45 rows there (hopper/distillation.hpp): each shard swept in one pass for
+  // the KLs' statistics, its sums reweighted to the global softmaxes, over two panels or one.
+  for (auto d : {tlse::Divergence::forward_kl, tlse::Divergence::reverse_kl}) {
+    tlse::DistillationOptions o;
+    o.divergence = d;
+    o.temperature = 2.0;
+    o.alpha = 0.5;
+    o.shift = 1;
+    o.memory_budget = 8 * 45 * 256 + 4 * 45 * (24 + 40) + 1536;
+    this->distillation(rng, 45, uneven_split(301, this->size, false), 24, 40, o, true, true);
+    o.temperature = 1.0;
+    this->distillation(rng, 45, uneven_split(301, this->size, true), 24, 40, o, true, false);
+  }
+}
+
 TYPED_TEST(Distributed, DistillationEmptyRankNoTargetsFrozenTeacher) {
   TLSE_SHARED_SEED(rng);
   tlse::DistillationOptions o;
