@@ -174,6 +174,15 @@ def test_distillation_labels_default_teacher_grad_and_refusals():
                                                         attention_mask=mask)
     assert_close(got, expected, 1e-6, "loss without labels")
     assert_close(by_shift, expected, 1e-6, "loss with shift_labels")
+    # fused_step reaches distillation_loss: the step in one call gives the two calls' gradients.
+    grads = {}
+    for fused in (False, True):
+        student.zero_grad()
+        tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, labels, attention_mask=mask,
+                                             fused_step=fused).backward()
+        grads[fused] = student.lm_head.weight.grad.clone()
+    assert torch.equal(grads[True], grads[False])
+    student.zero_grad()
     # The teacher trains only when asked to.
     tiledlse.causal_lm_distillation_loss(student, teacher, input_ids, labels, attention_mask=mask).backward()
     assert all(p.grad is None for p in teacher.parameters())

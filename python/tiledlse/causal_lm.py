@@ -140,7 +140,7 @@ def _distillation_head(model, caller):
 def causal_lm_distillation_loss(student_model, teacher_model, input_ids=None, labels=None, attention_mask=None,
                                 shift_labels=None, divergence="forward_kl", beta=0.5, temperature=1.0, alpha=0.0,
                                 ignore_index=-100, num_items_in_batch=None, teacher_grad=False, memory_budget=None,
-                                **model_kwargs):
+                                fused_step=None, **model_kwargs):
     """Knowledge distillation of a Transformers causal LM (the student) from another (the
     teacher) over the same vocabulary: tiledlse.distillation_loss of the two models' last hidden
     states and `lm_head` weights, without either's logits.
@@ -151,7 +151,7 @@ def causal_lm_distillation_loss(student_model, teacher_model, input_ids=None, la
     prediction of token t + 1) are compared where labels[:, t + 1] is not ignore_index, the
     model's own shift; shift_labels: labels already shifted, used as they are. labels=None (and
     no shift_labels): every position whose next token is not padding (attention_mask 0) is
-    scored. divergence, beta, temperature, alpha, memory_budget: as distillation_loss (alpha > 0
+    scored. divergence, beta, temperature, alpha, memory_budget, fused_step: as distillation_loss (alpha > 0
     adds the student's cross-entropy against the labels, its causal_lm_loss). num_items_in_batch:
     as Trainer passes it, the loss is the sum divided by it, else the mean over the scored
     positions. The student's dtype (or autocast's, inside autocast) is the loss's: a teacher in
@@ -183,7 +183,7 @@ def causal_lm_distillation_loss(student_model, teacher_model, input_ids=None, la
     loss = distillation_loss(hs.contiguous(), ws, ht.to(hs.device).contiguous(), wt.to(hs.device),
                              targets.to(hs.device).contiguous(), divergence=divergence, beta=beta,
                              temperature=temperature, ignore_index=ignore_index, shift=shift, alpha=alpha,
-                             reduction=reduction, memory_budget=memory_budget)
+                             reduction=reduction, memory_budget=memory_budget, fused_step=fused_step)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
