@@ -506,9 +506,9 @@ TYPED_TEST(Distributed, DistillationVocabularyShards) {
 
 TYPED_TEST(Distributed, DistillationKlsInPanels) {
   TLSE_SHARED_SEED(rng);
-  // Depths that the GPU's tile-pair kernels take (multiples of 8) and a budget that holds panels
-  // of 256 columns of 45 rows there (hopper/distillation.hpp): each shard swept in one pass for
-  // the KLs' statistics, its sums reweighted to the global softmaxes, over two panels or one.
+  // The KLs with depths that the GPU's tile-pair kernels take (multiples of 8) and a budget that
+  // holds panels of 256 columns of 45 rows there (hopper/distillation.hpp), on shards of one or
+  // two such panels.
   for (auto d : {tlse::Divergence::forward_kl, tlse::Divergence::reverse_kl}) {
     tlse::DistillationOptions o;
     o.divergence = d;

@@ -100,19 +100,11 @@ struct PairProblem {
   DivergenceModel<Acc> model;
   const Acc* stats = nullptr;
 
-  /// Row id r's LSEs of both heads.
-  KOKKOS_INLINE_FUNCTION void row_lses(index_t r, Acc& lse_s, Acc& lse_t) const {
-    const Acc* st = stats + r * distillation_row_stats;
-    lse_s = st[stat_lse_s];
-    lse_t = st[stat_lse_t];
-  }
-
   /// The log-probabilities of the entry (row id r, column id c) from its two dot products.
   KOKKOS_INLINE_FUNCTION void log_probs(Acc dot_s, Acc dot_t, index_t r, index_t c, Acc& ls, Acc& lt) const {
-    Acc lse_s, lse_t;
-    row_lses(r, lse_s, lse_t);
-    ls = student.logit(dot_s, r, c) - lse_s;
-    lt = teacher.logit(dot_t, r, c) - lse_t;
+    const Acc* st = stats + r * distillation_row_stats;
+    ls = student.logit(dot_s, r, c) - st[stat_lse_s];
+    lt = teacher.logit(dot_t, r, c) - st[stat_lse_t];
   }
 };
 
@@ -275,33 +267,14 @@ struct PairGradient {
   PairProblem<T, Acc> pp;
   DistillationGradientTerms<Acc> g;
 
-  /// What a row's entries share, read once for the row: its statistics and coefficients.
-  struct Row {
-    DivergenceModel<Acc> model;
-    Acc lse_s, lse_t, lse_ce, term_s, term_t, scale_s, scale_t, div, ce;
-    bool with_ce;
-    int target;
-
-    /// dL/d(dot) of both heads at column id c from the entry's logits (x_s, x_t: the logit
-    /// models' values) and the student's dot product (the cross-entropy's logit, at scale 1).
-    KOKKOS_INLINE_FUNCTION void operator()(Acc x_s, Acc x_t, Acc dot_s, index_t c, Acc& gs, Acc& gt) const {
-      Acc ds, dt;
-      model.dlogits(x_s - lse_s, x_t - lse_t, term_s, term_t, ds, dt);
-      gs = div * ds * scale_s;
-      gt = div * dt * scale_t;
-      if (with_ce) gs += ce * (impl::exp(dot_s - lse_ce) - (target == c ? Acc(1) : Acc(0)));
-    }
-  };
-
-  KOKKOS_INLINE_FUNCTION Row row(index_t r) const {
-    const Acc* st = pp.stats + r * distillation_row_stats;
-    return Row{pp.model,        st[stat_lse_s],          st[stat_lse_t],         st[stat_lse_ce],
-               st[stat_term_s], st[stat_term_t],         pp.student.logit.scale, pp.teacher.logit.scale,
-               g.div[r],        g.ce ? g.ce[r] : Acc(0), g.ce != nullptr,        g.ce ? g.target[r] : -1};
-  }
-
   KOKKOS_INLINE_FUNCTION void operator()(Acc dot_s, Acc dot_t, index_t r, index_t c, Acc& gs, Acc& gt) const {
-    row(r)(pp.student.logit(dot_s, r, c), pp.teacher.logit(dot_t, r, c), dot_s, c, gs, gt);
+    Acc ls, lt, ds, dt;
+    pp.log_probs(dot_s, dot_t, r, c, ls, lt);
+    const Acc* st = pp.stats + r * distillation_row_stats;
+    pp.model.dlogits(ls, lt, st[stat_term_s], st[stat_term_t], ds, dt);
+    gs = g.div[r] * ds * pp.student.logit.scale;
+    gt = g.div[r] * dt * pp.teacher.logit.scale;
+    if (g.ce) gs += g.ce[r] * (impl::exp(dot_s - st[stat_lse_ce]) - (g.target[r] == c ? Acc(1) : Acc(0)));
   }
 };
 

@@ -112,24 +112,13 @@ void sum_partial_gradient(const Comm& comm, const Part& part, const OutV& out_vi
       });
 }
 
-/// The scratch of the backend's tile pairs for this rank's shard, within opts.memory_budget
-/// (empty on the generic kernels).
-template <class T, class Exec, class HsV, class WsV, class HtV>
-Kokkos::View<char*, typename Exec::memory_space> pair_scratch(const Exec& exec, const HsV& Hs, const WsV& Ws,
-                                                              const HtV& Ht, const DistillationOptions& opts) {
-  return Kokkos::View<char*, typename Exec::memory_space>(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "tlse::pair_scratch"),
-      tlse::impl::distillation_pair_scratch_bytes<T>(exec, Hs, Ws, Ht, opts));
-}
-
 }  // namespace impl
 
 /// Forward. Hs (N x D_s), Ht (N x D_t) and targets (N, global class ids or ignore_index; or empty
 /// on every rank) the same on every rank; Ws (V_r x D_s) and Wt (V_r x D_t) this rank's shard of
 /// both heads' classifiers (the same classes). loss ((N) for Reduction::none, (1) otherwise) and
 /// row_stats (N x distillation_row_stats) come out the same on every rank. Options as
-/// tlse::distillation_loss; workspace is not used: the call allocates its buffers, the tile
-/// pairs' scratch within memory_budget among them. Collective: every rank of comm must call it.
+/// tlse::distillation_loss; workspace is not used. Collective: every rank of comm must call it.
 /// \param comm the communicator (carries the execution space)
 /// \param Hs, Ht the student's and the teacher's hidden states, replicated
 /// \param Ws, Wt this rank's shards of the student's and the teacher's classifiers
@@ -178,28 +167,11 @@ void distillation_loss(const Comm& comm, const HsV& Hs, const WsV& Ws, const HtV
   ti::fill(exec, local.data(), 3 * N, -ti::infinity<Acc>());
   Acc *lo = local.data(), *sh = shared.data();
   ti::fill(exec, sh, 4 * N, Acc(0));
+  ti::lse_forward(exec, pp.student, grid, partials.data(), lo, (Acc*)nullptr, (Acc*)nullptr);
+  ti::lse_forward(exec, pp.teacher, grid, partials.data(), lo + N, (Acc*)nullptr, (Acc*)nullptr);
   const int *act = active.data(), *rt = row_target.data();
-  // A backend that sweeps the KLs' statistics in one pass gives this shard's (its LSEs and its
-  // sums under its own softmaxes); otherwise the LSE sweeps here and the sums below.
-  const auto scratch = impl::pair_scratch<T>(exec, Hs, Ws, Ht, opts);
-  Kokkos::View<Acc*, Mem> shard_stats("tlse::shard_stats", N * distillation_row_stats);
-  const Acc* ss = shard_stats.data();
-  const bool one_sweep =
-      ti::distillation_statistics(exec, call.problem(active.data(), position.data(), shard_stats.data()),
-                                  shard_stats.data(), ce, opts.temperature != 1.0, scratch.data(), scratch.size());
-  if (one_sweep) {
-    Kokkos::parallel_for(
-        "tlse::vocab_shard_stat_lses", Kokkos::RangePolicy<Exec>(exec, 0, n_active), KOKKOS_LAMBDA(index_t k) {
-          const index_t i = act[k];
-          const Acc* st = ss + i * distillation_row_stats;
-          lo[i] = st[ti::stat_lse_s], lo[N + i] = st[ti::stat_lse_t], lo[2 * N + i] = st[ti::stat_lse_ce];
-        });
-  } else {
-    ti::lse_forward(exec, pp.student, grid, partials.data(), lo, (Acc*)nullptr, (Acc*)nullptr);
-    ti::lse_forward(exec, pp.teacher, grid, partials.data(), lo + N, (Acc*)nullptr, (Acc*)nullptr);
-    if (ce) ti::lse_forward(exec, ce_prob, grid, partials.data(), lo + 2 * N, (Acc*)nullptr, (Acc*)nullptr);
-  }
   if (ce) {
+    ti::lse_forward(exec, ce_prob, grid, partials.data(), lo + 2 * N, (Acc*)nullptr, (Acc*)nullptr);
     if (Vr > 0)
       ti::pair_logits(
           exec, ce_prob, n_active, KOKKOS_LAMBDA(index_t k) { return index_t(act[k]); },
@@ -239,32 +211,9 @@ void distillation_loss(const Comm& comm, const HsV& Hs, const WsV& Ws, const HtV
         "tlse::vocab_target_logits", Kokkos::RangePolicy<Exec>(exec, 0, n_active),
         KOKKOS_LAMBDA(index_t k) { by_position[k] = sh[3 * N + act[k]]; });
   }
-  // The divergence's sums over this shard's classes under the global softmaxes, then over the
-  // ranks. From the one sweep's: the KL's sum over the shard is its weight under the global
-  // softmax (w = e^(lse_r - lse), the shard's share of the tracked head's mass) times its mean of
-  // the log-ratio (its sum + lse_t,r - lse_s,r for the forward KL) shifted to the global LSEs:
-  // what the sweep over the shard below gives, so that ranks may take either.
+  // The divergence's sums over this shard's classes, from the global LSEs, then over the ranks.
   Kokkos::View<Acc*, Mem> terms("tlse::terms", 2 * N);
-  if (one_sweep) {
-    Acc* tm = terms.data();
-    const bool forward = pp.model.divergence == Divergence::forward_kl;
-    Kokkos::parallel_for(
-        "tlse::vocab_shard_terms", Kokkos::RangePolicy<Exec>(exec, 0, n_active), KOKKOS_LAMBDA(index_t k) {
-          const index_t i = act[k];
-          const Acc* st = ss + i * distillation_row_stats;
-          // The tracked head (h: the teacher's for the forward KL) and the other (o).
-          const Acc lh = st[forward ? ti::stat_lse_t : ti::stat_lse_s],
-                    lo_r = st[forward ? ti::stat_lse_s : ti::stat_lse_t];
-          const Acc gh = lo[(forward ? N : 0) + i], go = lo[(forward ? 0 : N) + i];
-          const Acc sum = st[forward ? ti::stat_term_t : ti::stat_term_s];
-          const Acc part = lh == -ti::infinity<Acc>() ? Acc(0) : ti::exp(lh - gh) * ((sum + lh - lo_r) + (go - gh));
-          tm[i] = forward ? Acc(0) : part;
-          tm[N + i] = forward ? part : Acc(0);
-        });
-  } else {
-    ti::distillation_terms(exec, pp, grid, partials.data(), terms.data(), terms.data() + N, scratch.data(),
-                           scratch.size());
-  }
+  ti::distillation_terms(exec, pp, grid, partials.data(), terms.data(), terms.data() + N);
   comm.allreduce(terms, ReduceOp::sum);
   ti::store_row_stat(exec, act, n_active, (const Acc*)terms.data(), ti::stat_term_s, stats);
   ti::store_row_stat(exec, act, n_active, (const Acc*)terms.data() + N, ti::stat_term_t, stats);
@@ -336,10 +285,8 @@ void distillation_loss_backward(const Comm& comm, const HsV& Hs, const WsV& Ws, 
   Part part_s("tlse::dHs_part", wanted.dHs ? N : 0, Ds), part_t("tlse::dHt_part", wanted.dHt ? N : 0, Dt);
   const auto pp = call.problem(active.data(), position.data(), row_stats.data());
   const ti::DistillationGradientTerms<Acc> g{div.data(), opts.alpha > 0 ? ce.data() : nullptr, local_target.data()};
-  const auto scratch = impl::pair_scratch<T>(exec, Hs, Ws, Ht, opts);
   ti::distillation_backward(exec, pp, g, wanted.dHs ? part_s.data() : nullptr, wanted.dWs ? dWs.data() : nullptr,
-                            wanted.dHt ? part_t.data() : nullptr, wanted.dWt ? dWt.data() : nullptr, opts.accumulate,
-                            scratch.data(), scratch.size());
+                            wanted.dHt ? part_t.data() : nullptr, wanted.dWt ? dWt.data() : nullptr, opts.accumulate);
   if (wanted.dHs) impl::sum_partial_gradient(comm, part_s, dHs, opts.accumulate);
   if (wanted.dHt) impl::sum_partial_gradient(comm, part_t, dHt, opts.accumulate);
   exec.fence();  // the buffers die here

@@ -4,15 +4,14 @@
 // beside the gradient accumulators), each in order:
 //   1. tlse_hop_product writes both heads' dot products of every stored row with the panel's
 //      classes, in fp32: Zs = Hs Ws_panel^T and Zt = Ht Wt_panel^T (8 P bytes a row);
-//   2. a warp per row works along its entries: the forward of the KLs folds them into the row's
+//   2. a block per row works along its entries: the forward of the KLs folds them into the row's
 //      running LSE states of both heads (and the cross-entropy's), the tracked one also summing
 //      its weights times the log-ratio (forward KL: sum_j e^(b_j - m_t) (b_j - a_j) with b the
 //      teacher's and a the student's logits), so that one sweep gives the LSEs and
 //      KL = sum / S_t - lse_t + lse_s; the JSD's forward, whose terms need both LSEs first, adds
 //      its terms (the DivergenceModel) after the LSE sweeps, from the saved LSEs; the backward
 //      turns each pair into dL/dx of both heads (PairGradient), rounded to bf16 and stored in
-//      place, G's row over the first half of Z's row (in a vocabulary shard's backward, dH is
-//      the shard's partial gradient in fp32);
+//      place, G's row over the first half of Z's row;
 //   3. the backward's products: dWs_panel = Gs^T Hs (complete, rounded to bf16 once) and
 //      acc_s += Gs Ws_panel (fp32, every row x D_s); the teacher's likewise where wanted. Then
 //      dHs = acc_s (+ dHs with accumulate).
@@ -22,7 +21,7 @@
 // once, not twice.
 // The logits are the tensor cores' fp32 sums of bf16 products (the generic tiles sum in another
 // order) and G is rounded to bf16 before its products, as the cross-entropy's backward rounds
-// its G. Fixed order throughout (panels in turn, the lanes' sums a fixed tree): bitwise
+// its G. Fixed order throughout (panels in turn, the blocks' sums a fixed tree): bitwise
 // reproducible. Rows without a position (ignored tokens) are swept with the rest and skipped.
 // The request types come from distillation_tiles.hpp, which includes this header through the
 // backend registry, so that everything here is a template of them.
@@ -143,78 +142,36 @@ struct DistillationPanels {
   }
 };
 
-/// The stored rows a warp works on: warp w of the grid takes rows w, w + warps, ... (a warp a row:
-/// each lane sums a share of the row's entries, and one shuffle tree a panel merges the lanes).
-struct WarpRows {
-  static constexpr unsigned THREADS = 256;  // a block's: 8 rows at a time
-  static constexpr unsigned WARPS = THREADS / 32;
-
-  static unsigned blocks(index_t rows) { return unsigned(std::min<index_t>((rows + WARPS - 1) / WARPS, 65535)); }
-  __device__ static index_t first() { return index_t(blockIdx.x) * WARPS + threadIdx.x / 32; }
-  __device__ static index_t stride() { return index_t(gridDim.x) * WARPS; }
-  __device__ static unsigned lane() { return threadIdx.x % 32; }
-};
-
-/// Four neighbouring entries of a row: j, j + 1, j + 2, j + 3 (n of them in the row, 4 but at its
-/// end; the missing ones 0).
-struct Quad {
-  index_t j;
-  int n;
-  float s[4], t[4];  // both heads' dot products
-};
-
-/// The lane's entries j < width of a row (zs and zt 16-byte aligned) as quads: float4 loads (the
-/// row kernels are bound by what they issue and by the bytes in flight, not by arithmetic), two
-/// quads a lane in flight, then the row's partial last quad on one lane. f(const Quad&).
-template <class F>
-__device__ inline void for_lane_quads(const float* zs, const float* zt, index_t width, F&& f) {
-  const index_t quads = width / 4;
-  const auto* s4 = reinterpret_cast<const float4*>(zs);
-  const auto* t4 = reinterpret_cast<const float4*>(zt);
-#pragma unroll 2
-  for (index_t q = WarpRows::lane(); q < quads; q += 32) {
-    const float4 a = s4[q], b = t4[q];
-    f(Quad{4 * q, 4, {a.x, a.y, a.z, a.w}, {b.x, b.y, b.z, b.w}});
-  }
-  const index_t rest = width - 4 * quads;
-  if (rest > 0 && WarpRows::lane() == unsigned(quads % 32)) {
-    Quad last{4 * quads, int(rest), {0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    for (int k = 0; k < last.n; ++k) last.s[k] = zs[last.j + k], last.t[k] = zt[last.j + k];
-    f(last);
-  }
-}
-
-/// Every lane's sum of the warp's v: a butterfly of shuffles, whose pairwise sums are the same on
-/// both lanes of each pair, so every lane ends with the same value in a fixed order.
-__device__ inline float warp_sum(float v) {
+/// Thread 0's sum of every thread's v (blocks of a multiple of 32 threads, at most 1024), in a
+/// fixed order: the warps' shuffle trees, then the warps in turn.
+__device__ inline float block_sum(float v, float* warp_sums) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.f;
+  if (threadIdx.x == 0)
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += warp_sums[w];
+  __syncthreads();
+  return s;
 }
 
 /// A running LSE state (max m, sum s of e^(x - m)) with a tracked sum a of e^(x - m) y, merged
 /// and rescaled alike; an entry of weight 0 adds 0 to a whatever y (0 log 0 = 0).
 struct TrackedLse {
-  float m, s, a;  // no initializers: arrays of PairRowStates in the scratch hold them
+  float m, s, a;  // no initializers: a __shared__ array holds them
 
   __device__ static TrackedLse none() { return TrackedLse{-INFINITY, 0.f, 0.f}; }
 
-  /// Folds up to four entries x[k] (k < n) with tracked values y[k] (read only where `tracked`)
-  /// in: one rescale to the quad's max rather than a compare and branch an entry.
-  template <bool tracked>
-  __device__ void add(const float (&x)[4], const float (&y)[4], int n) {
-    float top = -INFINITY;
-    for (int k = 0; k < 4; ++k)
-      if (k < n) top = fmaxf(top, x[k]);
-    if (top == -INFINITY) return;  // nothing but masked entries: no change (and no -inf - -inf)
-    const float next = fmaxf(m, top), r = expf(m - next);
-    float ss = 0.f, aa = 0.f;
-    for (int k = 0; k < 4; ++k) {
-      const float p = k < n ? expf(x[k] - next) : 0.f;
-      ss += p;
-      if (tracked) aa += p == 0.f ? 0.f : p * y[k];
+  __device__ void add(float x, float y) {
+    if (x == -INFINITY) return;
+    if (x > m) {
+      const float r = expf(m - x);
+      s = s * r + 1.f, a = (r == 0.f ? 0.f : a * r) + y, m = x;
+    } else {
+      const float p = expf(x - m);
+      s += p;
+      a += p == 0.f ? 0.f : p * y;
     }
-    s = s * r + ss, m = next;
-    if (tracked) a = (r == 0.f ? 0.f : a * r) + aa;
   }
   __device__ void merge(const TrackedLse& o) {
     if (o.m == -INFINITY) return;
@@ -228,8 +185,8 @@ struct TrackedLse {
     m = top;
   }
   __device__ float lse() const { return m == -INFINITY ? m : m + logf(s); }
-  /// Every lane's merge of the warp's states (a butterfly, as warp_sum: merge is symmetric).
-  __device__ TrackedLse warp_merge() const {
+  /// Thread 0's merge of every thread's state (as block_sum: the warps' trees, then the warps).
+  __device__ TrackedLse block_merge(TrackedLse* warp_states) const {
     TrackedLse v = *this;
     for (int o = 16; o > 0; o >>= 1) {
       TrackedLse other;
@@ -238,7 +195,13 @@ struct TrackedLse {
       other.a = __shfl_xor_sync(0xffffffffu, v.a, o);
       v.merge(other);
     }
-    return v;
+    if (threadIdx.x % 32 == 0) warp_states[threadIdx.x / 32] = v;
+    __syncthreads();
+    TrackedLse all = none();
+    if (threadIdx.x == 0)
+      for (unsigned w = 0; w < blockDim.x / 32; ++w) all.merge(warp_states[w]);
+    __syncthreads();
+    return all;
   }
 };
 
@@ -248,64 +211,74 @@ struct PairRowStates {
   TrackedLse s, t, ce;
 };
 
+/// Calls f(j, zs[j], zt[j]) for this thread's entries j < width of a row (zs and zt 16-byte
+/// aligned): four neighbours at a time through float4 loads (four times the bytes in flight of
+/// one float each: the sweeps are bound by the loads), then the tail.
+template <class F>
+__device__ inline void for_row_entries(const float* zs, const float* zt, index_t width, F&& f) {
+  const index_t quads = width / 4;
+  const auto* s4 = reinterpret_cast<const float4*>(zs);
+  const auto* t4 = reinterpret_cast<const float4*>(zt);
+  for (index_t q = threadIdx.x; q < quads; q += blockDim.x) {
+    const float4 a = s4[q], b = t4[q];
+    f(4 * q, a.x, b.x), f(4 * q + 1, a.y, b.y), f(4 * q + 2, a.z, b.z), f(4 * q + 3, a.w, b.w);
+  }
+  for (index_t j = 4 * quads + threadIdx.x; j < width; j += blockDim.x) f(j, zs[j], zt[j]);
+}
+
 /// Whether stored row r is scored: every row, or the rows with a position.
 template <class Side>
 __device__ inline bool scored_row(const Side& rows, index_t r) {
   return rows.index == nullptr || rows.position[r] >= 0;
 }
 
-/// Forward: term_s[r], term_t[r] (+)= the divergence's sums over a panel's `width` columns of each scored stored row r,
-/// from its dot products (zs, zt: ld apart), under the plain logit model (DistillationHopper::qualifies: a scale).
+/// Forward: term_s[r], term_t[r] (+)= the divergence's sums over the panel's columns [first,
+/// first + width) of each scored stored row r, from its dot products (zs, zt: ld apart).
 template <class Problem>
-__global__ void pair_terms_kernel(Problem pp, const float* zs, const float* zt, index_t ld, index_t rows, index_t width,
-                                  float* term_s, float* term_t, bool add) {
-  const float scale_s = pp.student.logit.scale, scale_t = pp.teacher.logit.scale;
-  for (index_t r = WarpRows::first(); r < rows; r += WarpRows::stride()) {
+__global__ void pair_terms_kernel(Problem pp, const float* zs, const float* zt, index_t ld, index_t rows, index_t first,
+                                  index_t width, float* term_s, float* term_t, bool add) {
+  __shared__ float warp_sums[32];
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (!scored_row(pp.student.rows, r)) continue;
-    float lse_s, lse_t;
-    pp.row_lses(r, lse_s, lse_t);
     float ts = 0.f, tt = 0.f;
-    for_lane_quads(zs + r * ld, zt + r * ld, width, [&](const Quad& q) {
-      for (int k = 0; k < q.n; ++k) pp.model.add_terms(scale_s * q.s[k] - lse_s, scale_t * q.t[k] - lse_t, ts, tt);
+    for_row_entries(zs + r * ld, zt + r * ld, width, [&](index_t j, float dot_s, float dot_t) {
+      float ls, lt;
+      pp.log_probs(dot_s, dot_t, r, first + j, ls, lt);
+      pp.model.add_terms(ls, lt, ts, tt);
     });
-    ts = warp_sum(ts);
-    tt = warp_sum(tt);
-    if (WarpRows::lane() == 0) {
+    ts = block_sum(ts, warp_sums);
+    tt = block_sum(tt, warp_sums);
+    if (threadIdx.x == 0) {
       term_s[r] = add ? term_s[r] + ts : ts;
       term_t[r] = add ? term_t[r] + tt : tt;
     }
   }
 }
 
-/// The KLs' forward in one sweep: folds a panel's `width` columns into each
+/// The KLs' forward in one sweep: folds the panel's columns [first, first + width) into each
 /// scored stored row's running states (states[r], written by the sweep's first panel) and, after
 /// its last, stores the row's statistics (Request::store). forward: the teacher's state tracks
 /// b - a (the forward KL), else the student's tracks a - b (the reverse KL).
 template <class Request>
 __global__ void pair_statistics_kernel(Request req, const float* zs, const float* zt, index_t ld, index_t rows,
-                                       index_t width, PairRowStates* states, bool forward, bool first_panel,
-                                       bool last_panel) {
+                                       index_t first, index_t width, PairRowStates* states, bool forward,
+                                       bool first_panel, bool last_panel) {
+  __shared__ TrackedLse warp_states[32];
   const float scale_s = req.pp.student.logit.scale, scale_t = req.pp.teacher.logit.scale;
-  for (index_t r = WarpRows::first(); r < rows; r += WarpRows::stride()) {
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (!scored_row(req.pp.student.rows, r)) continue;
-    PairRowStates row{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
-    for_lane_quads(zs + r * ld, zt + r * ld, width, [&](const Quad& q) {
-      float a[4], b[4], y[4];
-      for (int k = 0; k < 4; ++k) a[k] = scale_s * q.s[k], b[k] = scale_t * q.t[k];
-      for (int k = 0; k < 4; ++k) y[k] = forward ? b[k] - a[k] : a[k] - b[k];
-      if (forward) {
-        row.s.add<false>(a, y, q.n);
-        row.t.add<true>(b, y, q.n);
-      } else {
-        row.s.add<true>(a, y, q.n);
-        row.t.add<false>(b, y, q.n);
-      }
-      if (req.ce_own) row.ce.add<false>(q.s, y, q.n);
+    PairRowStates mine{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
+    for_row_entries(zs + r * ld, zt + r * ld, width, [&](index_t, float dot_s, float dot_t) {
+      const float a = scale_s * dot_s, b = scale_t * dot_t;
+      mine.s.add(a, forward ? 0.f : a - b);
+      mine.t.add(b, forward ? b - a : 0.f);
+      if (req.ce_own) mine.ce.add(dot_s, 0.f);
     });
-    row.s = row.s.warp_merge();
-    row.t = row.t.warp_merge();
-    if (req.ce_own) row.ce = row.ce.warp_merge();
-    if (WarpRows::lane() != 0) continue;
+    PairRowStates row{TrackedLse::none(), TrackedLse::none(), TrackedLse::none()};
+    row.s = mine.s.block_merge(warp_states);
+    row.t = mine.t.block_merge(warp_states);
+    if (req.ce_own) row.ce = mine.ce.block_merge(warp_states);
+    if (threadIdx.x != 0) continue;
     if (!first_panel) {
       PairRowStates before = states[r];
       before.s.merge(row.s), before.t.merge(row.t), before.ce.merge(row.ce);
@@ -335,54 +308,43 @@ __device__ inline void store_four(T* out, index_t j, const float (&v)[4]) {
 }
 
 /// Backward: each stored row's dL/dx of both heads over the panel's columns [first, first +
-/// width), from its dot products (zs, zt: ld floats apart, 16-byte aligned rows) under the plain
-/// logit model, stored in T in place (row r's G at the start of its Z row, 2 ld values apart); 0
-/// in the rows not scored. A warp walks its row in steps of two quads a lane (float4 loads),
-/// reading a step before writing it (__syncwarp between): the step's values in T cover Z values
-/// of this step or the ones before, which the warp has read.
+/// width), from its dot products (zs, zt: ld floats apart, 16-byte aligned rows), stored in T in
+/// place (row r's G at the start of its Z row, 2 ld values apart); 0 in the rows not scored. A
+/// block walks its row in steps of four entries a thread (float4 loads), reading a step before
+/// writing it: the step's values in T cover Z values the block has read.
 template <class T, class Gradient>
 __global__ void pair_gradient_kernel(Gradient grad, float* zs, float* zt, index_t ld, index_t rows, index_t first,
                                      index_t width, bool want_s, bool want_t) {
-  constexpr int QUADS = 2;  // a lane's quads a step
-  const float scale_s = grad.pp.student.logit.scale, scale_t = grad.pp.teacher.logit.scale;
-  for (index_t r = WarpRows::first(); r < rows; r += WarpRows::stride()) {
+  const index_t step = 4 * index_t(blockDim.x);
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const bool scored = scored_row(grad.pp.student.rows, r);
-    const auto row = grad.row(r);
     float* zs_row = zs + r * ld;
     float* zt_row = zt + r * ld;
-    auto* gs_row = reinterpret_cast<T*>(zs_row);
-    auto* gt_row = reinterpret_cast<T*>(zt_row);
-    for (index_t j0 = 0; j0 < width; j0 += QUADS * 128) {
-      float ds[QUADS][4], dt[QUADS][4];
-      for (int u = 0; u < QUADS; ++u) {
-        const index_t j = j0 + 128 * u + 4 * index_t(WarpRows::lane());
-        float dot_s[4], dot_t[4];
-        if (j + 4 <= width) {
-          const float4 a = *reinterpret_cast<const float4*>(zs_row + j);
-          const float4 b = *reinterpret_cast<const float4*>(zt_row + j);
-          dot_s[0] = a.x, dot_s[1] = a.y, dot_s[2] = a.z, dot_s[3] = a.w;
-          dot_t[0] = b.x, dot_t[1] = b.y, dot_t[2] = b.z, dot_t[3] = b.w;
-        } else {
-          for (int k = 0; k < 4; ++k)
-            dot_s[k] = j + k < width ? zs_row[j + k] : 0.f, dot_t[k] = j + k < width ? zt_row[j + k] : 0.f;
-        }
-        for (int k = 0; k < 4; ++k) {
-          ds[u][k] = dt[u][k] = 0.f;
-          if (scored && j + k < width)
-            row(scale_s * dot_s[k], scale_t * dot_t[k], dot_s[k], first + j + k, ds[u][k], dt[u][k]);
-        }
+    for (index_t j0 = 0; j0 < width; j0 += step) {
+      const index_t j = j0 + 4 * index_t(threadIdx.x);
+      const bool whole = j + 4 <= width;
+      float ds[4] = {0.f, 0.f, 0.f, 0.f}, dt[4] = {0.f, 0.f, 0.f, 0.f}, dot_s[4], dot_t[4];
+      if (whole) {
+        const float4 a = *reinterpret_cast<const float4*>(zs_row + j), b = *reinterpret_cast<const float4*>(zt_row + j);
+        dot_s[0] = a.x, dot_s[1] = a.y, dot_s[2] = a.z, dot_s[3] = a.w;
+        dot_t[0] = b.x, dot_t[1] = b.y, dot_t[2] = b.z, dot_t[3] = b.w;
+      } else {
+        for (int k = 0; k < 4; ++k)
+          dot_s[k] = j + k < width ? zs_row[j + k] : 0.f, dot_t[k] = j + k < width ? zt_row[j + k] : 0.f;
       }
-      __syncwarp();
-      for (int u = 0; u < QUADS; ++u) {
-        const index_t j = j0 + 128 * u + 4 * index_t(WarpRows::lane());
-        if (j + 4 <= width) {
-          if (want_s) store_four(gs_row, j, ds[u]);
-          if (want_t) store_four(gt_row, j, dt[u]);
-        } else {
-          for (int k = 0; k < 4 && j + k < width; ++k) {
-            if (want_s) gs_row[j + k] = from_acc<T>(ds[u][k]);
-            if (want_t) gt_row[j + k] = from_acc<T>(dt[u][k]);
-          }
+      if (scored)
+        for (int k = 0; k < 4; ++k)
+          if (j + k < width) grad(dot_s[k], dot_t[k], r, first + j + k, ds[k], dt[k]);
+      __syncthreads();
+      auto* gs_row = reinterpret_cast<T*>(zs_row);
+      auto* gt_row = reinterpret_cast<T*>(zt_row);
+      if (whole) {
+        if (want_s) store_four(gs_row, j, ds);
+        if (want_t) store_four(gt_row, j, dt);
+      } else {
+        for (int k = 0; k < 4 && j + k < width; ++k) {
+          if (want_s) gs_row[j + k] = from_acc<T>(ds[k]);
+          if (want_t) gt_row[j + k] = from_acc<T>(dt[k]);
         }
       }
     }
@@ -454,9 +416,9 @@ struct DistillationHopper {
       WorkspaceCarver carver(aligned_base(r.scratch));
       const index_t P = panels.panel;
       sweep(stream, pp, panels, panels.carve(carver), false, false,
-            [&](index_t, index_t width, float* zs, float* zt, bool opens, bool) {
-              pair_terms_kernel<<<WarpRows::blocks(rows), WarpRows::THREADS, 0, stream>>>(pp, zs, zt, P, rows, width,
-                                                                                          r.term_s, r.term_t, !opens);
+            [&](index_t first, index_t width, float* zs, float* zt, bool opens, bool) {
+              pair_terms_kernel<<<row_blocks(rows), 256, 0, stream>>>(pp, zs, zt, P, rows, first, width, r.term_s,
+                                                                      r.term_t, !opens);
               check_launch("pair_terms_kernel");
             });
       return true;
@@ -511,16 +473,17 @@ struct DistillationHopper {
   }
 
  private:
+  static unsigned row_blocks(index_t rows) { return unsigned(std::min<index_t>(rows, 65535)); }
+
   static index_t state_floats(index_t rows) { return rows * index_t(sizeof(PairRowStates) / sizeof(float)); }
 
-  /// Whether a backward request's types are this path's: bf16 in, fp32 sums, row gradients in
-  /// bf16 or (a vocabulary shard's partial ones) in fp32.
+  /// Whether a backward request's types are this path's (bf16 in, bf16 gradients, fp32 sums).
   template <class Request>
   static constexpr bool backward_takes() {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(std::declval<Request&>().grad.pp.student.rows.data)>>;
     using G = std::remove_pointer_t<decltype(std::declval<Request&>().dHs)>;
     using Acc = std::remove_const_t<std::remove_pointer_t<decltype(std::declval<Request&>().grad.pp.stats)>>;
-    return takes<T> && std::is_same<Acc, float>::value && (std::is_same<G, T>::value || std::is_same<G, float>::value);
+    return takes<T> && std::is_same<G, T>::value && std::is_same<Acc, float>::value;
   }
 
   /// A step's panels: the forward's row states and the backward's accumulators share a space.
@@ -558,9 +521,9 @@ struct DistillationHopper {
     auto* states = reinterpret_cast<PairRowStates*>(buf.acc_s);
     const bool forward = r.pp.model.divergence == Divergence::forward_kl;
     sweep(stream, r.pp, panels, buf, false, panels.zt_in_kept,
-          [&](index_t, index_t width, float* zs, float* zt, bool opens, bool closes) {
-            pair_statistics_kernel<<<WarpRows::blocks(rows), WarpRows::THREADS, 0, stream>>>(
-                r, zs, zt, P, rows, width, states, forward, opens, closes);
+          [&](index_t first, index_t width, float* zs, float* zt, bool opens, bool closes) {
+            pair_statistics_kernel<<<row_blocks(rows), 256, 0, stream>>>(r, zs, zt, P, rows, first, width, states,
+                                                                         forward, opens, closes);
             check_launch("pair_statistics_kernel");
           });
   }
@@ -574,8 +537,8 @@ struct DistillationHopper {
     const index_t rows = pp.student.rows.stored, P = panels.panel;
     const bool want_s = r.dHs || r.dWs, want_t = r.dHt || r.dWt;
     sweep(stream, pp, panels, buf, true, false, [&](index_t first, index_t width, float* zs, float* zt, bool, bool) {
-      pair_gradient_kernel<T><<<WarpRows::blocks(rows), WarpRows::THREADS, 0, stream>>>(r.grad, zs, zt, P, rows, first,
-                                                                                        width, want_s, want_t);
+      pair_gradient_kernel<T>
+          <<<row_blocks(rows), 256, 0, stream>>>(r.grad, zs, zt, P, rows, first, width, want_s, want_t);
       check_launch("pair_gradient_kernel");
       if (want_s)
         gradient_products(stream, pp.student, zs, P, first, width, r.dWs, r.dHs ? buf.acc_s : nullptr, r.accumulate);
