@@ -121,17 +121,18 @@ int run_distillation(const Setup& s, const Comm& comm) {
   Matrix dHt("dHt", 0, Dt), dWt("dWt", 0, Dt);
   Kokkos::View<int*, Mem> targets("targets", N);
   const long most = std::max(N, v) * std::max(Ds, Dt);
+  // The same global data whatever the number of ranks: each array's entries hashed from its own
+  // base, the shards' by global row.
+  const unsigned long hs = 0, ht = N * Ds, ws = N * (Ds + Dt) + voff * Ds, wt = N * (Ds + Dt) + V * Ds + voff * Dt,
+                      tg = N * (Ds + Dt) + V * (Ds + Dt);
   Kokkos::parallel_for(
       "init", Kokkos::RangePolicy<Exec>(comm.exec(), 0, most), KOKKOS_LAMBDA(long i) {
-        // The same global data whatever the number of ranks: W's entries hashed by global row.
-        const unsigned long hs = (unsigned long)(N * (Ds + Dt) + V * Ds + voff * Dt);
-        if (i < N * Ds) Hs.data()[i] = T(hashed_normal((unsigned long)i));
-        if (i < N * Dt) Ht.data()[i] = T(hashed_normal((unsigned long)(N * Ds + i)));
-        if (i < v * Ds)
-          Ws.data()[i] = T(hashed_normal((unsigned long)(N * (Ds + Dt) + voff * Ds + i)) * 4.0f / sqrtf(float(Ds)));
-        if (i < v * Dt) Wt.data()[i] = T(hashed_normal(hs + (unsigned long)i) * 4.0f / sqrtf(float(Dt)));
+        if (i < N * Ds) Hs.data()[i] = T(hashed_normal(hs + i));
+        if (i < N * Dt) Ht.data()[i] = T(hashed_normal(ht + i));
+        if (i < v * Ds) Ws.data()[i] = T(hashed_normal(ws + i) * 4.0f / sqrtf(float(Ds)));
+        if (i < v * Dt) Wt.data()[i] = T(hashed_normal(wt + i) * 4.0f / sqrtf(float(Dt)));
         if (i < N) {
-          const int t = int((hashed_normal((unsigned long)(N * (Ds + Dt) + V * (Ds + Dt) + i)) + 8.0f) * 1e6f) % int(V);
+          const int t = int((hashed_normal(tg + i) + 8.0f) * 1e6f) % int(V);
           targets(i) = t % 10 == 0 ? -100 : t;
         }
       });

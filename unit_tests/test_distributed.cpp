@@ -507,8 +507,8 @@ TYPED_TEST(Distributed, DistillationVocabularyShards) {
 TYPED_TEST(Distributed, DistillationKlsInPanels) {
   TLSE_SHARED_SEED(rng);
   // The KLs with depths that the GPU's tile-pair kernels take (multiples of 8) and a budget that
-  // holds panels of 256 columns of 45 rows there (hopper/distillation.hpp), on shards of one or
-  // two such panels.
+  // holds panels of 256 columns of 45 rows there (hopper/distillation.hpp): on the GPU the
+  // single-device call the shards are checked against runs those panels, two of them.
   for (auto d : {tlse::Divergence::forward_kl, tlse::Divergence::reverse_kl}) {
     tlse::DistillationOptions o;
     o.divergence = d;
