@@ -10,9 +10,11 @@
 #      tiles, chunks and K splits (its lines give each path's error against float64);
 #   2. the exact-float32 cases: contrastive B=65536 c=512 and cross-entropy N=4096 D=2048 V=65536,
 #      on each of $EXACT_KERNELS, and PyTorch fp32 (TF32 off) on the same device;
-#   3. filtering: cross-entropy bf16 N=8192 D=4096 V=128256 on --inputs lm, backward with filtering
-#      off / default / default + sorted vocabulary, skippable tiles, and dE/dC error against float64
-#      gradients on sampled rows and classes; the same study on the random inputs (the worst case);
+#   3. filtering: cross-entropy bf16 N=4096 and N=8192, D=4096 V=128256, on --inputs lm: backward
+#      with filtering off / default / default + sorted vocabulary, and the training step, skippable
+#      tiles, and dE/dC error against float64 gradients on sampled rows and classes; the same study
+#      on the random inputs (the worst case) at N=4096; then cuBLAS's three products of the step
+#      (perf_tests/gemm_rate.py --step, the dense limit);
 #   4. compute-sanitizer memcheck and racecheck on the exact-float32 kernels (a few small tests).
 # Parts can run alone, e.g. in two calls when the device call's 10 minutes are short:
 #   perf_tests/run_gpu_filtering.sh [all | any of: checks exact filtering sanitizer]
@@ -65,9 +67,11 @@ fi
 
 # 3. Gradient filtering on trained-LM-like inputs, then on the random ones.
 if want filtering; then
-  ce=(cross-entropy --tokens 8192 --dim 4096 --vocab 128256 --dtype bf16 --filter-study --no-baseline)
-  run 420 "$carry/tlse" "${ce[@]}" --inputs lm --check-sampled --iterations 5
-  run 300 "$carry/tlse" "${ce[@]}" --inputs random --iterations 3
+  ce=(cross-entropy --dim 4096 --vocab 128256 --dtype bf16 --filter-study --training-step --no-baseline)
+  run 300 "$carry/tlse" "${ce[@]}" --tokens 4096 --inputs lm --check-sampled --iterations 5
+  run 420 "$carry/tlse" "${ce[@]}" --tokens 8192 --inputs lm --iterations 5
+  run 300 "$carry/tlse" "${ce[@]}" --tokens 4096 --inputs random --iterations 3
+  (cd "$root/perf_tests" && run 180 python3 gemm_rate.py --step)
 fi
 
 # 4. compute-sanitizer on the exact-float32 kernels.

@@ -14,7 +14,8 @@
 // is complete (the self-similarity form's step 2 then adds onto it in T). The steps run in
 // a fixed order with fixed-order sums: bitwise reproducible. Filtered tiles are neither stored
 // nor multiplied. Columns visited through an index (the vocabulary order) are gathered per panel,
-// since TMA reads contiguous rows.
+// since TMA reads contiguous rows; the rows' targets move to the gathered panel's positions where
+// nothing else in a tile reads a column's id (only_targets_read_column_ids).
 // Float in TF32 runs the same steps on K-major operands (wgmma reads TF32 only so): the gradient
 // kernel writes G^T for dB = G^T A, which reads A^T (transposed once per call), and dA's products
 // read the columns transposed (per panel, or every column once for the two passes' row pass). The
@@ -45,6 +46,22 @@ __global__ void gather_rows_kernel(const T* src, const int* index, index_t count
   for_each_index(count * chunks, [&](index_t i) {
     const index_t p = i / chunks, c = i % chunks;
     reinterpret_cast<uint4*>(dst + p * depth)[c] = reinterpret_cast<const uint4*>(src + index_t(index[p]) * depth)[c];
+  });
+}
+
+/// position[index[p]] = p for p < count: where each id sits in the order `index` visits them.
+__global__ void invert_order_kernel(const int* index, index_t count, int* position) {
+  for_each_index(count, [&](index_t p) { position[index[p]] = int(p); });
+}
+
+/// local[id] = the column that row id's target (a column id, or anything out of [0, cols) for
+/// none) takes in the panel of the order's positions [first, first + width), or -1 outside it.
+__global__ void panel_targets_kernel(const int* target, const int* position, index_t ids, index_t cols,
+                                     index_t first, index_t width, int* local) {
+  for_each_index(ids, [&](index_t id) {
+    const int t = target[id];
+    const index_t p = t >= 0 && t < cols ? index_t(position[t]) - first : -1;
+    local[id] = p >= 0 && p < width ? int(p) : -1;
   });
 }
 
@@ -206,21 +223,34 @@ struct LseBackwardHopper {
     const T* B = prob.cols.data;
     const auto* A = static_cast<const T*>(rows.data);
     const bool blocks = plan.row_blocks();
+    const bool targets_by_panel = prob.cols.index && only_targets_read_column_ids(r);
+    if (targets_by_panel) {
+      invert_order_kernel<<<grid_for(prob.cols.count), 256, 0, stream>>>(prob.cols.index, prob.cols.count,
+                                                                         buf.order_position);
+      check_launch("invert_order_kernel");
+      g.row_terms.target = buf.panel_targets;  // filled per panel, before the panel's sweeps
+    }
     const RowParts parts = RowParts::of(stream, g, blocks ? buf.ids : nullptr, R);
     if (tf32 && want_cols && !blocks)  // after the row panels, whose workspace this shares
       transpose_tf32(stream, reinterpret_cast<const float*>(A), rows.ld, R, D, buf.At, plan.ldgt());
     for (index_t first = first_col; first < prob.cols.count; first += plan.panel) {
       const index_t width = std::min(plan.panel, prob.cols.count - first);
       // The panel's columns: in place, or gathered through the index (the panel is then the
-      // whole gathered side, and the index gives the ids).
+      // whole gathered side, and the index gives the ids; or, with targets_by_panel, its columns
+      // are their positions in the panel and the targets are moved there).
       const T* panel = B + first * D;
       if (prob.cols.index) {
         gather_rows_kernel<T><<<grid_for(width * D / 8), 256, 0, stream>>>(B, prob.cols.index + first, width, D,
                                                                            reinterpret_cast<T*>(buf.panel_rows));
         check_launch("gather_rows_kernel");
         panel = reinterpret_cast<const T*>(buf.panel_rows);
-        g.cols = tlse_hop_side{panel, D, width, prob.cols.index + first, nullptr, 0};
+        g.cols = tlse_hop_side{panel, D, width, targets_by_panel ? nullptr : prob.cols.index + first, nullptr, 0};
         g.col_begin = 0, g.col_end = width;
+        if (targets_by_panel) {
+          panel_targets_kernel<<<grid_for(R), 256, 0, stream>>>(r.row_terms.target, buf.order_position, R,
+                                                                prob.cols.count, first, width, buf.panel_targets);
+          check_launch("panel_targets_kernel");
+        }
       } else {
         g.cols = tlse_hop_side{B, D, prob.cols.count, nullptr, nullptr, 0};
         g.col_begin = first, g.col_end = first + width;
@@ -318,6 +348,18 @@ struct LseBackwardHopper {
     g.col_terms = hopper_terms(r.col_terms);
     g.filter_eps = float(r.filter_eps);
     return g;
+  }
+
+  /// Whether a tile reads no column's id but to match the rows' targets: no column terms, bias,
+  /// spread, diagonal or mask past valid_cols. Then columns visited through an index (the
+  /// vocabulary order) can be swept as positions of the gathered panel, the targets moved there
+  /// (panel_targets_kernel), and the gradient kernel keeps its simple logit model: through the
+  /// index every tile took the general one (docs/notes/2026-12-07-filtering.md).
+  template <class T>
+  static bool only_targets_read_column_ids(const BackwardRequest<T, float>& r) {
+    const LogitModel<T, float>& m = r.prob.logit;
+    return !r.col_terms.active() && r.row_terms.spread == nullptr && m.col_bias == nullptr && !m.exclude_diagonal &&
+           m.valid_cols >= r.prob.cols.count;
   }
 
   /// A sweep over a part of the rows (a row panel, a K block) keeps their ids, so that the
