@@ -221,6 +221,13 @@ TEST_F(CeFixture, BackwardShapeErrors) {
   expect_rejected(
       [&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, bad_order, dloss, dE, dC, nobias); },
       {"'vocab_order'", "vocab_order[0] = 25"});
+  // In range but not a permutation: class 0 twice, class 1 nowhere.
+  C::IntView repeated("r", V);
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<Exec>(0, V), KOKKOS_LAMBDA(std::int64_t j) { repeated(j) = j == 1 ? 0 : int(j); });
+  expect_rejected(
+      [&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, repeated, dloss, dE, dC, nobias); },
+      {"'vocab_order'", "not a permutation", "class 1 is missing"});
   C::AccView dloss_n("dl", N);
   expect_rejected(
       [&] {

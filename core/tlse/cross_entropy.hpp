@@ -153,12 +153,14 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
         const auto prob = call.problem(a.active, a.position, nullptr);
         const auto stats = impl::forward_statistics(call, a.rows);
         if (stats.argmax) impl::fill(exec, stats.argmax, N, std::int64_t(-1));
+        const bool linear_sums = impl::logit_sums_are_linear(opts.softcap);
         impl::cross_entropy_forward_rows(call, a, prob, loss, [&](const Acc*) {
           const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, V);
-          impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr, want_order ? a.logit_sum : nullptr,
-                            stats);
+          impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr,
+                            want_order && !linear_sums ? a.logit_sum : nullptr, stats);
           return true;
         });
+        if (want_order && linear_sums) impl::linear_logit_sums(exec, prob, a.logit_sum_scratch, a.logit_sum);
         if (stats.argmax) call.write_accuracy(a.row_target, stats.argmax, a.rows.hits, a.total);
         const int* row_target = a.row_target;
         const Acc* row_lse = a.row_lse;
@@ -206,12 +208,19 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const TargetV& ta
 
 namespace impl {
 
+/// The vocabulary order a backward visits the classes in (the forward's vocab_order) and its
+/// inverse (class -> place in the order), or none.
+struct VocabularyOrder {
+  const int* order = nullptr;
+  const int* position = nullptr;
+};
+
 /// The gradients of a call whose rows and coefficients are prepared, by the two passes (or a
 /// backend's fused backward) from the saved LSE, then label smoothing's rank-one share.
 template <class Call, class DEV, class DCV, class DBiasV>
 void cross_entropy_backward_rows(const Call& call, const int* row_target, const int* active, const int* position,
-                                 const int* order, const typename Call::Acc* saved_lse, typename Call::Acc* g,
-                                 const CoefficientArrays<typename Call::Acc>& coef,
+                                 const VocabularyOrder& order, const typename Call::Acc* saved_lse,
+                                 typename Call::Acc* g, const CoefficientArrays<typename Call::Acc>& coef,
                                  const SmoothingVectors<typename Call::Acc>& vectors, char* scratch,
                                  std::size_t scratch_bytes, const DEV& dE, const DCV& dC, const DBiasV& dbias) {
   using T = typename Call::T;
@@ -220,7 +229,8 @@ void cross_entropy_backward_rows(const Call& call, const int* row_target, const 
   call.softmax_weights(active, coef.softmax, coef.lse_factor, saved_lse, g);
   if (dE.extent(0)) call.zero_unscored_rows(row_target, dE);
   BackwardRequest<T, Acc> r;
-  r.prob = call.problem(active, position, order);
+  r.prob = call.problem(active, position, order.order);
+  r.prob.cols.position = order.position;
   r.row_terms = {saved_lse, g, row_target, coef.w};
   if (smoothing_in_tiles(o)) r.row_terms.spread = coef.spread, r.row_terms.spread_weight = call.class_weight();
   r.filter_eps = Acc(resolved_filter_eps<T>(o));
@@ -289,8 +299,14 @@ void cross_entropy_backward(
         if (target_weight) call.row_target_weights(a.row_target, a.coef.target_weight);
         call.gradient_coefficients(a.active, dloss, target_weight, a.coef.w, a.coef.softmax, a.coef.lse_factor,
                                    opts.label_smoothing > 0 ? a.coef.spread : nullptr);
-        impl::cross_entropy_backward_rows(call, a.row_target, a.active, a.position,
-                                          vocab_order.extent(0) ? vocab_order.data() : nullptr, lse.data(), a.g, a.coef,
+        impl::VocabularyOrder order;
+        if (vocab_order.extent(0)) {
+          order.order = vocab_order.data();
+          impl::invert_index(exec, order.order, V, V, a.order_position);
+          impl::check_vocab_order_inverse(exec, check, a.order_position, V);
+          order.position = a.order_position;
+        }
+        impl::cross_entropy_backward_rows(call, a.row_target, a.active, a.position, order, lse.data(), a.g, a.coef,
                                           a.vectors, a.scratch, a.scratch_bytes, dE, dC, dbias);
       });
   Kokkos::Profiling::popRegion();

@@ -19,6 +19,7 @@
 #include <tlse/impl/lse_forward.hpp>
 #include <tlse/impl/pair_logits.hpp>
 #include <tlse/impl/problem_builder.hpp>
+#include <tlse/impl/vocabulary_sort.hpp>
 #include <tlse/impl/weighted_sum.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 
@@ -431,6 +432,22 @@ void check_vocab_order(const Exec& exec, const ArgumentChecker& check, const V& 
     check_indices(exec, check, "vocab_order", order, 0, vocab, vocab, 0, false);
 }
 
+/// Throws naming vocab_order unless it is a permutation: `position` is its inverse (invert_index),
+/// -1 at a class the order does not list (it lists another twice instead).
+template <class Exec>
+void check_vocab_order_inverse(const Exec& exec, const ArgumentChecker& check, const int* position, index_t vocab) {
+  index_t first_missing = vocab;
+  Kokkos::parallel_reduce(
+      "tlse::check_vocab_order_inverse", Kokkos::RangePolicy<Exec>(exec, 0, vocab),
+      KOKKOS_LAMBDA(index_t c, index_t & first) {
+        if (position[c] < 0 && c < first) first = c;
+      },
+      Kokkos::Min<index_t>(first_missing));
+  if (first_missing < vocab)
+    check.fail("vocab_order", "is not a permutation of [0, " + std::to_string(vocab) + "): class " +
+                                  std::to_string(first_missing) + " is missing (another is listed twice)");
+}
+
 /// The row arrays of the forward's options: the rows' target weights, label smoothing's row sums
 /// and vectors, and the argmax (its per-split partials, and the rows' classes when the caller
 /// wants the accuracy alone).
@@ -463,11 +480,14 @@ struct ForwardRowArrays {
 template <class Acc>
 struct CrossEntropyForwardArrays {
   int *row_target, *active, *position;
-  Acc *row_lse, *target_logit, *row_loss, *total, *partials, *logit_sum;
+  Acc *row_lse, *target_logit, *row_loss, *total, *partials, *logit_sum, *logit_sum_scratch;
   ForwardRowArrays<Acc> rows;
+  /// sums: the column logit sums (the vocabulary order's key), from the forward's tiles under a
+  /// softcap, else by linear_logit_sums.
   template <class Exec>
   static CrossEntropyForwardArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V, index_t D,
                                          const CrossEntropyOptions& o, bool sums) {
+    const bool linear = logit_sums_are_linear(o.softcap);
     CrossEntropyForwardArrays a;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
@@ -476,8 +496,9 @@ struct CrossEntropyForwardArrays {
     a.target_logit = c.take<Acc>(N);
     a.row_loss = c.take<Acc>(N);
     a.total = c.take<Acc>(1);
-    a.partials = c.take<Acc>(forward_partials_bound(exec, N, V, false, sums));
+    a.partials = c.take<Acc>(forward_partials_bound(exec, N, V, false, sums && !linear));
     a.logit_sum = c.take<Acc>(sums ? V : 0);
+    a.logit_sum_scratch = c.take<Acc>(sums && linear ? linear_logit_sums_scratch(N, D) : 0);
     a.rows = ForwardRowArrays<Acc>::carve(c, exec, N, V, D, o);
     return a;
   }
@@ -502,6 +523,7 @@ struct CoefficientArrays {
 template <class Acc>
 struct CrossEntropyBackwardArrays {
   int *row_target, *active, *position;
+  int* order_position;  // V: where each class sits in the vocabulary order, when the call gives one
   Acc* g;
   CoefficientArrays<Acc> coef;
   SmoothingVectors<Acc> vectors;
@@ -514,6 +536,7 @@ struct CrossEntropyBackwardArrays {
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
     a.position = c.take<int>(N);
+    a.order_position = c.take<int>(V);
     a.g = c.take<Acc>(N);
     a.coef = CoefficientArrays<Acc>::carve(c, N, o);
     a.vectors = SmoothingVectors<Acc>::carve(c, exec, std::max(N, V), D, smoothing_by_vectors(o));

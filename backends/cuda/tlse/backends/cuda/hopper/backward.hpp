@@ -49,15 +49,10 @@ __global__ void gather_rows_kernel(const T* src, const int* index, index_t count
   });
 }
 
-/// position[index[p]] = p for p < count: where each id sits in the order `index` visits them.
-__global__ void invert_order_kernel(const int* index, index_t count, int* position) {
-  for_each_index(count, [&](index_t p) { position[index[p]] = int(p); });
-}
-
 /// local[id] = the column that row id's target (a column id, or anything out of [0, cols) for
 /// none) takes in the panel of the order's positions [first, first + width), or -1 outside it.
-__global__ void panel_targets_kernel(const int* target, const int* position, index_t ids, index_t cols,
-                                     index_t first, index_t width, int* local) {
+__global__ void panel_targets_kernel(const int* target, const int* position, index_t ids, index_t cols, index_t first,
+                                     index_t width, int* local) {
   for_each_index(ids, [&](index_t id) {
     const int t = target[id];
     const index_t p = t >= 0 && t < cols ? index_t(position[t]) - first : -1;
@@ -223,13 +218,8 @@ struct LseBackwardHopper {
     const T* B = prob.cols.data;
     const auto* A = static_cast<const T*>(rows.data);
     const bool blocks = plan.row_blocks();
-    const bool targets_by_panel = prob.cols.index && only_targets_read_column_ids(r);
-    if (targets_by_panel) {
-      invert_order_kernel<<<grid_for(prob.cols.count), 256, 0, stream>>>(prob.cols.index, prob.cols.count,
-                                                                         buf.order_position);
-      check_launch("invert_order_kernel");
-      g.row_terms.target = buf.panel_targets;  // filled per panel, before the panel's sweeps
-    }
+    const bool targets_by_panel = prob.cols.index && prob.cols.position && only_targets_read_column_ids(r);
+    if (targets_by_panel) g.row_terms.target = buf.panel_targets;  // filled per panel, before its sweeps
     const RowParts parts = RowParts::of(stream, g, blocks ? buf.ids : nullptr, R);
     if (tf32 && want_cols && !blocks)  // after the row panels, whose workspace this shares
       transpose_tf32(stream, reinterpret_cast<const float*>(A), rows.ld, R, D, buf.At, plan.ldgt());
@@ -247,7 +237,7 @@ struct LseBackwardHopper {
         g.cols = tlse_hop_side{panel, D, width, targets_by_panel ? nullptr : prob.cols.index + first, nullptr, 0};
         g.col_begin = 0, g.col_end = width;
         if (targets_by_panel) {
-          panel_targets_kernel<<<grid_for(R), 256, 0, stream>>>(r.row_terms.target, buf.order_position, R,
+          panel_targets_kernel<<<grid_for(R), 256, 0, stream>>>(r.row_terms.target, prob.cols.position, R,
                                                                 prob.cols.count, first, width, buf.panel_targets);
           check_launch("panel_targets_kernel");
         }
@@ -352,9 +342,10 @@ struct LseBackwardHopper {
 
   /// Whether a tile reads no column's id but to match the rows' targets: no column terms, bias,
   /// spread, diagonal or mask past valid_cols. Then columns visited through an index (the
-  /// vocabulary order) can be swept as positions of the gathered panel, the targets moved there
-  /// (panel_targets_kernel), and the gradient kernel keeps its simple logit model: through the
-  /// index every tile took the general one (docs/notes/2026-12-07-filtering.md).
+  /// vocabulary order) whose inverse the caller gives (cols.position) can be swept as positions
+  /// of the gathered panel, the targets moved there (panel_targets_kernel), and the gradient
+  /// kernel keeps its simple logit model: through the index every tile took the general one
+  /// (docs/notes/2026-12-07-filtering.md).
   template <class T>
   static bool only_targets_read_column_ids(const BackwardRequest<T, float>& r) {
     const LogitModel<T, float>& m = r.prob.logit;

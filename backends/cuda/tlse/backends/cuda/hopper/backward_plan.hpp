@@ -92,7 +92,6 @@ struct FusedBackwardPlan {
     float* row_dot;       // MAX_SWEEP_SPLITS x row_block: a panel's row sums of dL/dz * dot (dscale)
     float* col_sums;      // row tiles x panel: a panel's column sums of dL/dz (dbias)
     char* panel_rows;     // panel x depth elements: the panel's columns gathered through the index
-    int* order_position;  // cols: where each column id sits in the index (the vocabulary order)
     int* panel_targets;   // rows: each row's target as a column of the gathered panel, or -1
     float* GT;            // TF32: panel x ldgt, G^T
     float* At;            // TF32: depth x ldgt, the rows transposed (dB's K-major operand)
@@ -110,7 +109,6 @@ struct FusedBackwardPlan {
     b.row_dot = c.take<float>(MAX_SWEEP_SPLITS * row_block);
     b.col_sums = c.take<float>(row_tiles() * panel);
     b.panel_rows = c.take<char>(panel * depth * element);
-    b.order_position = c.take<int>(cols);
     b.panel_targets = c.take<int>(rows);
     b.GT = c.take<float>(tf32() ? panel * ldgt() : 0);
     b.At = c.take<float>(tf32() ? depth * ldgt() : 0);
