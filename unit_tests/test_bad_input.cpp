@@ -223,8 +223,9 @@ TEST_F(CeFixture, BackwardShapeErrors) {
       {"'vocab_order'", "vocab_order[0] = 25"});
   // In range but not a permutation: class 0 twice, class 1 nowhere.
   C::IntView repeated("r", V);
-  Kokkos::parallel_for(
-      Kokkos::RangePolicy<Exec>(0, V), KOKKOS_LAMBDA(std::int64_t j) { repeated(j) = j == 1 ? 0 : int(j); });
+  auto repeated_host = Kokkos::create_mirror_view(repeated);
+  for (std::int64_t j = 0; j < V; ++j) repeated_host(j) = j == 1 ? 0 : int(j);
+  Kokkos::deep_copy(repeated, repeated_host);
   expect_rejected(
       [&] { tlse::cross_entropy_backward(Exec(), E, Cm, nobias, targets, lse, repeated, dloss, dE, dC, nobias); },
       {"'vocab_order'", "not a permutation", "class 1 is missing"});
