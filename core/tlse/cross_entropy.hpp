@@ -153,14 +153,12 @@ void cross_entropy(const Exec& exec, const EV& E, const CV& C, const BiasV& bias
         const auto prob = call.problem(a.active, a.position, nullptr);
         const auto stats = impl::forward_statistics(call, a.rows);
         if (stats.argmax) impl::fill(exec, stats.argmax, N, std::int64_t(-1));
-        const bool linear_sums = impl::logit_sums_are_linear(opts.softcap);
         impl::cross_entropy_forward_rows(call, a, prob, loss, [&](const Acc*) {
           const auto grid = impl::ForwardGrid::plan(exec, prob.rows.count, V);
-          impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr,
-                            want_order && !linear_sums ? a.logit_sum : nullptr, stats);
+          impl::lse_forward(exec, prob, grid, a.partials, a.row_lse, (Acc*)nullptr, want_order ? a.logit_sum : nullptr,
+                            stats);
           return true;
         });
-        if (want_order && linear_sums) impl::linear_logit_sums(exec, prob, a.logit_sum_scratch, a.logit_sum);
         if (stats.argmax) call.write_accuracy(a.row_target, stats.argmax, a.rows.hits, a.total);
         const int* row_target = a.row_target;
         const Acc* row_lse = a.row_lse;

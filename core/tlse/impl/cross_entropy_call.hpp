@@ -19,7 +19,6 @@
 #include <tlse/impl/lse_forward.hpp>
 #include <tlse/impl/pair_logits.hpp>
 #include <tlse/impl/problem_builder.hpp>
-#include <tlse/impl/vocabulary_sort.hpp>
 #include <tlse/impl/weighted_sum.hpp>
 #include <tlse/impl/workspace_carver.hpp>
 
@@ -480,14 +479,11 @@ struct ForwardRowArrays {
 template <class Acc>
 struct CrossEntropyForwardArrays {
   int *row_target, *active, *position;
-  Acc *row_lse, *target_logit, *row_loss, *total, *partials, *logit_sum, *logit_sum_scratch;
+  Acc *row_lse, *target_logit, *row_loss, *total, *partials, *logit_sum;
   ForwardRowArrays<Acc> rows;
-  /// sums: the column logit sums (the vocabulary order's key), from the forward's tiles under a
-  /// softcap, else by linear_logit_sums.
   template <class Exec>
   static CrossEntropyForwardArrays carve(WorkspaceCarver& c, const Exec& exec, index_t N, index_t V, index_t D,
                                          const CrossEntropyOptions& o, bool sums) {
-    const bool linear = logit_sums_are_linear(o.softcap);
     CrossEntropyForwardArrays a;
     a.row_target = c.take<int>(N);
     a.active = c.take<int>(N);
@@ -496,9 +492,8 @@ struct CrossEntropyForwardArrays {
     a.target_logit = c.take<Acc>(N);
     a.row_loss = c.take<Acc>(N);
     a.total = c.take<Acc>(1);
-    a.partials = c.take<Acc>(forward_partials_bound(exec, N, V, false, sums && !linear));
+    a.partials = c.take<Acc>(forward_partials_bound(exec, N, V, false, sums));
     a.logit_sum = c.take<Acc>(sums ? V : 0);
-    a.logit_sum_scratch = c.take<Acc>(sums && linear ? linear_logit_sums_scratch(N, D) : 0);
     a.rows = ForwardRowArrays<Acc>::carve(c, exec, N, V, D, o);
     return a;
   }

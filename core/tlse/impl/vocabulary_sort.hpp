@@ -1,7 +1,6 @@
 #pragma once
 /// \file vocabulary_sort.hpp
-/// The forward's vocabulary order: the classes sorted by decreasing column logit sum, ties by id;
-/// the sums from one matrix-vector product where the logits are linear in the rows.
+/// The forward's vocabulary order: the classes sorted by decreasing column logit sum, ties by id.
 /// On a device the sort runs there (a bitonic network, one kernel per pass); it used to copy the
 /// sums to the host and std::sort them, which at V = 128256 took longer than the forward itself
 /// (docs/performance.md, "The vocabulary order on the device").
@@ -23,64 +22,6 @@ KOKKOS_INLINE_FUNCTION bool vocab_before(Acc sa, int a, Acc sb, int b) {
   if (sa != sa) sa = -infinity<Acc>();
   if (sb != sb) sb = -infinity<Acc>();
   return sa > sb || (sa == sb && a < b);
-}
-
-/// Rows per partial sum of linear_logit_sums' first pass: enough threads (D per chunk) to fill a
-/// device, few partials to add up after.
-constexpr index_t LOGIT_SUM_ROW_CHUNK = 64;
-
-/// Scratch of linear_logit_sums, in Acc elements.
-inline index_t linear_logit_sums_scratch(index_t rows, index_t depth) {
-  return ((rows + LOGIT_SUM_ROW_CHUNK - 1) / LOGIT_SUM_ROW_CHUNK + 1) * depth;
-}
-
-/// Whether the column logit sums are linear in the rows: no softcap. Then
-/// sum_i x_ij = scale C_j . (sum_i E_i) + n b_j, which linear_logit_sums computes from one pass over
-/// the rows and one over the columns instead of a sum per tile in the forward's epilogue.
-inline bool logit_sums_are_linear(double softcap) { return !(softcap > 0); }
-
-/// logit_sum[j] = the sum of class j's logits over the rows of `prob` (logit_sums_are_linear):
-/// scale C_j . S + count b_j with S = sum_p E_id(p), the order's key; -inf for a class past
-/// valid_cols (as a -inf bias gives). Fixed-order sums: the same key every call. `scratch`:
-/// linear_logit_sums_scratch(rows, depth) elements.
-template <class Exec, class T, class Acc>
-void linear_logit_sums(const Exec& exec, const TileProblem<T, Acc>& prob, Acc* scratch, Acc* logit_sum) {
-  const Side<T> rows = prob.rows;
-  const T* C = prob.cols.data;
-  const index_t D = prob.depth, V = prob.cols.count, n = rows.count;
-  const index_t chunks = (n + LOGIT_SUM_ROW_CHUNK - 1) / LOGIT_SUM_ROW_CHUNK;
-  Acc* part = scratch;                    // [chunks][D]
-  Acc* row_total = scratch + chunks * D;  // S
-  // Thread (chunk, d) adds column d of the chunk's rows: neighbouring threads read neighbouring
-  // elements of a row.
-  Kokkos::parallel_for(
-      "tlse::logit_sum_rows", Kokkos::RangePolicy<Exec>(exec, 0, chunks * D), KOKKOS_LAMBDA(index_t t) {
-        const index_t c = t / D, d = t % D, end = c * LOGIT_SUM_ROW_CHUNK + LOGIT_SUM_ROW_CHUNK;
-        Acc s = 0;
-        for (index_t p = c * LOGIT_SUM_ROW_CHUNK; p < end && p < n; ++p)
-          s += to_acc<Acc>(rows.data[rows.id(p) * D + d]);
-        part[t] = s;
-      });
-  Kokkos::parallel_for(
-      "tlse::logit_sum_row_total", Kokkos::RangePolicy<Exec>(exec, 0, D), KOKKOS_LAMBDA(index_t d) {
-        Acc s = 0;
-        for (index_t c = 0; c < chunks; ++c) s += part[c * D + d];
-        row_total[d] = s;
-      });
-  const LogitModel<T, Acc> m = prob.logit;
-  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  Kokkos::parallel_for(
-      "tlse::logit_sum_columns", Kokkos::TeamPolicy<Exec>(exec, V, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& team) {
-        const index_t j = team.league_rank();
-        Acc dot = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, D), [&](index_t d, Acc& s) { s += to_acc<Acc>(C[j * D + d]) * row_total[d]; },
-            dot);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() {
-          const Acc bias = m.col_bias ? to_acc<Acc>(m.col_bias[j]) : Acc(0);
-          logit_sum[j] = j >= m.valid_cols ? -infinity<Acc>() : m.scale * dot + Acc(n) * bias;
-        });
-      });
 }
 
 /// Fills `order` (V) with the vocabulary sorted by vocab_before of `logit_sum` (V, in the execution
