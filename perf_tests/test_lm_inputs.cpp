@@ -2,8 +2,9 @@
 // seed, has the structure it documents (Zipf targets, frequency bias, ids a permutation of ranks)
 // and reaches the stated statistics at a small size; the statistics themselves
 // (softmax_statistics.hpp) count what they say on hand-made logits; the random inputs stay the
-// worst case for gradient filtering.
+// worst case for gradient filtering; the filter's error bound that --check-sampled adds.
 #include <tlse_bench/lm_inputs.hpp>
+#include <tlse_bench/sampled_reference.hpp>
 #include <tlse_bench/softmax_statistics.hpp>
 
 #include <gtest/gtest.h>
@@ -148,6 +149,23 @@ TEST(SoftmaxStatistics, SamplesWholeRowTilesAndSortsLikeVocabOrder) {
   E.v = {1, 1, 1};
   C.v = {1, -1, 2, 1};
   EXPECT_EQ(tlse::perf::vocabulary_order(E, C), (std::vector<int>{2, 0, 3, 1}));
+}
+
+TEST(SampledCheck, FilterBoundPerColumnRelativeToTheSample) {
+  // other: 3 rows x 2 columns; column 0 has sum |.| 4.5 and max 3, column 1 sum 3.5 and max 2.
+  tlse::perf::Matrix other(3, 2), ref(1, 2);
+  const double entries[] = {1, -2, 3, 0.5, -0.5, 1};
+  for (int i = 0; i < 6; ++i) other.v[std::size_t(i)] = entries[i];
+  ref(0, 0) = -0.5, ref(0, 1) = 0.25;  // the sample's largest |ref|: 0.5
+  using tlse::perf::filter_bound_relative;
+  using tlse::perf::GradientSum;
+  // eps 0.1: eps * sum below the max in both columns: 0.45 / 4 rows / 0.5.
+  EXPECT_DOUBLE_EQ(filter_bound_relative(0.1, other, 4, ref, GradientSum::over_rows), 0.225);
+  EXPECT_DOUBLE_EQ(filter_bound_relative(0.1, other, 4, ref, GradientSum::over_classes), 0.225);
+  // eps 1: over the classes a row's dropped entries add up to at most 1, so the max bounds it.
+  EXPECT_DOUBLE_EQ(filter_bound_relative(1, other, 4, ref, GradientSum::over_rows), 2.25);
+  EXPECT_DOUBLE_EQ(filter_bound_relative(1, other, 4, ref, GradientSum::over_classes), 1.5);
+  EXPECT_EQ(filter_bound_relative(0, other, 4, ref, GradientSum::over_classes), 0.0);  // no filter
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ struct Outcome {
   std::size_t extra_bytes = 0;         ///< memory allocated beyond inputs, outputs and gradients
   std::string memory_note;             ///< what extra_bytes is made of
   std::vector<testing::Matrix> grads;  ///< of the last timed step, as float64
+  double filter_eps = 0;               ///< the gradient filter's threshold of the run (0: exact)
 };
 
 inline std::string bytes_text(double bytes) {

@@ -178,4 +178,31 @@ inline double sampled_relative_error(const Matrix& got, const Matrix& ref, const
   return scale > 0 ? err / scale : err;
 }
 
+/// What a gradient entry sums over: dE_ik over the classes j of row i (one softmax row, whose
+/// entries add up to at most 1) or dC_jk over the rows i of class j (entries of different rows).
+enum class GradientSum { over_classes, over_rows };
+
+/// The largest error gradient filtering at `eps` can add to the mean cross-entropy's gradient of
+/// one operand, relative to the sample's largest |ref| (as sampled_relative_error). The filter
+/// drops entries p < eps of skipped tiles (never a target), each adding p other_rk / n_rows to a
+/// sum over `other`'s rows r: per column k at most eps sum_r |other_rk| / n_rows, and over the
+/// classes, where the dropped entries of a row add up to at most 1, at most max_r |other_rk| /
+/// n_rows too.
+inline double filter_bound_relative(double eps, const Matrix& other, std::int64_t n_rows, const Matrix& ref,
+                                    GradientSum sum_of) {
+  if (!(eps > 0) || n_rows < 1) return 0;
+  double bound = 0, scale = 0;
+  for (std::int64_t k = 0; k < other.cols; ++k) {
+    double sum = 0, top = 0;
+    for (std::int64_t r = 0; r < other.rows; ++r) {
+      const double a = std::fabs(other(r, k));
+      sum += a, top = std::max(top, a);
+    }
+    const double dropped = sum_of == GradientSum::over_classes ? std::min(eps * sum, top) : eps * sum;
+    bound = std::max(bound, dropped / double(n_rows));
+  }
+  for (double x : ref.v) scale = std::max(scale, std::fabs(x));
+  return scale > 0 ? bound / scale : bound;
+}
+
 }  // namespace tlse::perf
