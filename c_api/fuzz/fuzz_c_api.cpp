@@ -446,11 +446,30 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
   if (backward_alone) {
     call.array("lse", A, n, false, true, true);
     Buffer* order = call.array("vocab_order", Kind::i32, v, false, false);
-    if (order)
-      for (std::size_t j = 0; j < order->count(); ++j) {
-        order->set_int(j, in.one_in(20) ? in.pick<std::int64_t>({-1, v, INT32_MIN}) : in.integer(0, v - 1));
-        if (order->get_int(j) < 0 || order->get_int(j) >= v) call.invalid("vocab_order out of range");
+    if (order) {
+      // A shuffled permutation, as the forward writes it, or entries drawn one by one (out of range
+      // now and then, and then mostly not a permutation).
+      const bool shuffled = !in.one_in(4);
+      std::vector<bool> seen(std::size_t(v), false);
+      for (std::size_t j = 0; j < order->count(); ++j) order->set_int(j, std::int64_t(j));
+      for (std::size_t j = shuffled ? order->count() : 0; j > 1; --j) {
+        const std::size_t k = std::size_t(in.integer(0, std::int64_t(j) - 1));
+        const std::int64_t a = order->get_int(j - 1);
+        order->set_int(j - 1, order->get_int(k));
+        order->set_int(k, a);
       }
+      for (std::size_t j = 0; j < order->count(); ++j) {
+        if (!shuffled)
+          order->set_int(j, in.one_in(20) ? in.pick<std::int64_t>({-1, v, INT32_MIN}) : in.integer(0, v - 1));
+        const std::int64_t c = order->get_int(j);
+        if (c < 0 || c >= v)
+          call.invalid("vocab_order out of range");
+        else if (seen[std::size_t(c)])
+          call.invalid("vocab_order not a permutation");
+        else
+          seen[std::size_t(c)] = true;
+      }
+    }
     Buffer* dloss = call.array("dloss", A, loss_count, false, true, special);
     if (o.detect_non_finite && !all_finite(dloss, loss_count)) call.invalid("non-finite dloss");
     call.array("dE", T, nd, true, false);
