@@ -450,7 +450,7 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
       // A shuffled permutation, as the forward writes it, or entries drawn one by one (out of range
       // now and then, and then mostly not a permutation).
       const bool shuffled = !in.one_in(4);
-      std::vector<bool> seen(std::size_t(v), false);
+      std::vector<bool> seen(order->count(), false);  // v itself may be any size here
       for (std::size_t j = 0; j < order->count(); ++j) order->set_int(j, std::int64_t(j));
       for (std::size_t j = shuffled ? order->count() : 0; j > 1; --j) {
         const std::size_t k = std::size_t(in.integer(0, std::int64_t(j) - 1));
@@ -464,7 +464,7 @@ void fuzz_cross_entropy(Input& in, bool backward_alone) {
         const std::int64_t c = order->get_int(j);
         if (c < 0 || c >= v)
           call.invalid("vocab_order out of range");
-        else if (seen[std::size_t(c)])
+        else if (std::size_t(c) >= seen.size() || seen[std::size_t(c)])
           call.invalid("vocab_order not a permutation");
         else
           seen[std::size_t(c)] = true;
