@@ -157,15 +157,17 @@ TEST(SampledCheck, FilterBoundPerColumnRelativeToTheSample) {
   const double entries[] = {1, -2, 3, 0.5, -0.5, 1};
   for (int i = 0; i < 6; ++i) other.v[std::size_t(i)] = entries[i];
   ref(0, 0) = -0.5, ref(0, 1) = 0.25;  // the sample's largest |ref|: 0.5
-  using tlse::perf::filter_bound_relative;
+  using tlse::perf::FilterBound;
   using tlse::perf::GradientSum;
+  const FilterBound over_rows(other, 4, ref, GradientSum::over_rows);
+  const FilterBound over_classes(other, 4, ref, GradientSum::over_classes);
   // eps 0.1: eps * sum below the max in both columns: 0.45 / 4 rows / 0.5.
-  EXPECT_DOUBLE_EQ(filter_bound_relative(0.1, other, 4, ref, GradientSum::over_rows), 0.225);
-  EXPECT_DOUBLE_EQ(filter_bound_relative(0.1, other, 4, ref, GradientSum::over_classes), 0.225);
+  EXPECT_DOUBLE_EQ(over_rows.relative(0.1), 0.225);
+  EXPECT_DOUBLE_EQ(over_classes.relative(0.1), 0.225);
   // eps 1: over the classes a row's dropped entries add up to at most 1, so the max bounds it.
-  EXPECT_DOUBLE_EQ(filter_bound_relative(1, other, 4, ref, GradientSum::over_rows), 2.25);
-  EXPECT_DOUBLE_EQ(filter_bound_relative(1, other, 4, ref, GradientSum::over_classes), 1.5);
-  EXPECT_EQ(filter_bound_relative(0, other, 4, ref, GradientSum::over_classes), 0.0);  // no filter
+  EXPECT_DOUBLE_EQ(over_rows.relative(1), 2.25);
+  EXPECT_DOUBLE_EQ(over_classes.relative(1), 1.5);
+  EXPECT_EQ(over_classes.relative(0), 0.0);  // no filter
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ inline std::vector<std::int64_t> sampled_classes(const std::vector<int>& order) 
 
 /// Prints each outcome's dE and dC error on the sample against float64 gradients (max |g - ref| /
 /// max |ref| over the sample, like --check) and, for a filtered run, the most its filter can add
-/// (perf::filter_bound_relative); returns whether all are within tol.grad plus that bound.
+/// (perf::FilterBound); returns whether all are within tol.grad plus that bound.
 inline bool check_sampled(const std::vector<Outcome>& outcomes, const perf::CrossEntropyProblem& p,
                           const Tolerance& tol) {
   const std::vector<std::int64_t> rows = perf::sampled_rows(p.E.rows, 2);
@@ -77,13 +77,13 @@ inline bool check_sampled(const std::vector<Outcome>& outcomes, const perf::Cros
   const perf::SampledGradients ref = perf::sampled_cross_entropy_gradients(p.E, p.C, p.targets, rows, classes);
   std::printf("\nsampled check against float64 gradients (dE on %zu rows, dC on %zu classes):\n", rows.size(),
               classes.size());
+  const perf::FilterBound bound_E(p.C, p.E.rows, ref.dE, perf::GradientSum::over_classes);
+  const perf::FilterBound bound_C(p.E, p.E.rows, ref.dC, perf::GradientSum::over_rows);
   bool all_ok = true;
   for (const Outcome& o : outcomes) {
     const double eE = perf::sampled_relative_error(o.grads[0], ref.dE, rows);
     const double eC = perf::sampled_relative_error(o.grads[1], ref.dC, classes);
-    const std::int64_t N = p.E.rows;
-    const double bE = perf::filter_bound_relative(o.filter_eps, p.C, N, ref.dE, perf::GradientSum::over_classes);
-    const double bC = perf::filter_bound_relative(o.filter_eps, p.E, N, ref.dC, perf::GradientSum::over_rows);
+    const double bE = bound_E.relative(o.filter_eps), bC = bound_C.relative(o.filter_eps);
     const bool ok = eE <= tol.grad + bE && eC <= tol.grad + bC;
     std::printf("  %-13s dE err %.2e  dC err %.2e (tol %.2e, relative to max|ref| on the sample", o.name.c_str(), eE,
                 eC, tol.grad);

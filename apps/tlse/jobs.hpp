@@ -136,9 +136,7 @@ int run_cross_entropy(const Options& o) {
     perf::TiledCrossEntropy<Exec, T> tiled(Exec(), E, C, targets, precision(o), o.memory_budget, run.filter_eps,
                                            run.sort_vocabulary, run.training_step, o.softcap, bias);
     outcomes.push_back(measure<T>(o, run.name, tiled, N, V, D));
-    CrossEntropyOptions run_filter;
-    run_filter.filter_eps = run.filter_eps;
-    outcomes.back().filter_eps = impl::resolved_filter_eps<T>(run_filter);
+    outcomes.back().filter_eps = tiled.filter_eps();
     outcomes.back().memory_note = "workspace " + bytes_text(double(tiled.workspace_bytes())) + " + saved LSEs" +
                                   (run.sort_vocabulary ? " + vocabulary order" : "") + "; plus team scratch " +
                                   bytes_text(double(tiled.team_scratch_bytes())) +

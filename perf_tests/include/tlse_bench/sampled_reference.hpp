@@ -182,27 +182,40 @@ inline double sampled_relative_error(const Matrix& got, const Matrix& ref, const
 /// entries add up to at most 1) or dC_jk over the rows i of class j (entries of different rows).
 enum class GradientSum { over_classes, over_rows };
 
-/// The largest error gradient filtering at `eps` can add to the mean cross-entropy's gradient of
-/// one operand, relative to the sample's largest |ref| (as sampled_relative_error). The filter
-/// drops entries p < eps of skipped tiles (never a target), each adding p other_rk / n_rows to a
-/// sum over `other`'s rows r: per column k at most eps sum_r |other_rk| / n_rows, and over the
-/// classes, where the dropped entries of a row add up to at most 1, at most max_r |other_rk| /
-/// n_rows too.
-inline double filter_bound_relative(double eps, const Matrix& other, std::int64_t n_rows, const Matrix& ref,
-                                    GradientSum sum_of) {
-  if (!(eps > 0) || n_rows < 1) return 0;
-  double bound = 0, scale = 0;
-  for (std::int64_t k = 0; k < other.cols; ++k) {
-    double sum = 0, top = 0;
-    for (std::int64_t r = 0; r < other.rows; ++r) {
-      const double a = std::fabs(other(r, k));
-      sum += a, top = std::max(top, a);
-    }
-    const double dropped = sum_of == GradientSum::over_classes ? std::min(eps * sum, top) : eps * sum;
-    bound = std::max(bound, dropped / double(n_rows));
+/// The largest error gradient filtering at a threshold eps can add to the mean cross-entropy's
+/// gradient of one operand, relative to the sample's largest |ref| (as sampled_relative_error).
+/// The filter drops entries p < eps of skipped tiles (never a target), each adding
+/// p other_rk / n_rows to a sum over `other`'s rows r: per column k at most
+/// eps sum_r |other_rk| / n_rows, and over the classes, where the dropped entries of a row add up
+/// to at most 1, at most max_r |other_rk| / n_rows too. Built once per operand (one pass over
+/// `other`), asked per threshold.
+class FilterBound {
+ public:
+  FilterBound(const Matrix& other, std::int64_t n_rows, const Matrix& ref, GradientSum sum_of)
+      : sum_(std::size_t(other.cols), 0.0), top_(std::size_t(other.cols), 0.0), n_rows_(n_rows), sum_of_(sum_of) {
+    for (std::int64_t r = 0; r < other.rows; ++r)
+      for (std::int64_t k = 0; k < other.cols; ++k) {
+        const double a = std::fabs(other(r, k));
+        sum_[std::size_t(k)] += a, top_[std::size_t(k)] = std::max(top_[std::size_t(k)], a);
+      }
+    for (double x : ref.v) scale_ = std::max(scale_, std::fabs(x));
   }
-  for (double x : ref.v) scale = std::max(scale, std::fabs(x));
-  return scale > 0 ? bound / scale : bound;
-}
+  /// The bound at threshold eps; 0 without filtering.
+  double relative(double eps) const {
+    if (!(eps > 0) || n_rows_ < 1) return 0;
+    double bound = 0;
+    for (std::size_t k = 0; k < sum_.size(); ++k) {
+      const double dropped = sum_of_ == GradientSum::over_classes ? std::min(eps * sum_[k], top_[k]) : eps * sum_[k];
+      bound = std::max(bound, dropped / double(n_rows_));
+    }
+    return scale_ > 0 ? bound / scale_ : bound;
+  }
+
+ private:
+  std::vector<double> sum_, top_;  // per column of `other`: sum and max of |other_rk|
+  double scale_ = 0;               // the sample's largest |ref|
+  std::int64_t n_rows_;
+  GradientSum sum_of_;
+};
 
 }  // namespace tlse::perf

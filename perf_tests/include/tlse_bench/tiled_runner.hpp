@@ -142,6 +142,8 @@ class TiledCrossEntropy {
   }
   std::size_t workspace_bytes() const { return workspace_.size(); }
   std::size_t team_scratch_bytes() const { return perf::team_scratch_bytes<T>(E_.extent(1)); }
+  /// The gradient filter's threshold as the calls resolve it (filter_eps_auto: T's default).
+  double filter_eps() const { return impl::resolved_filter_eps<T>(opts_); }
 
  private:
   using AccVector = Kokkos::View<Acc*, Mem>;
