@@ -72,51 +72,66 @@ struct OneMmaPerBlock {
 };
 
 /// Exact float on TF32 tensor cores, the 3xTF32 split of CUTLASS's big + small GEMMs: each operand
-/// x = big + small with big = tf32(x) and small = tf32(x - big), so |x - big - small| <= 2^-24 |x|
-/// (each rounding keeps 11 significant bits); a b = a_small b_big + a_big b_small + a_big b_big
-/// with the small terms first, dropping a_small b_small (<= 2^-24 |a b|): products within float's
-/// rounding, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures the
-/// error against float64). An infinite (or NaN) operand keeps small = 0 and enters the cross terms
-/// as 0: its product is big times big alone, as in float (a cross term small * inf would be NaN
-/// wherever the other operand's small part is 0: a -inf mask times an exact 1).
+/// x = big + small with big = tf32(x) and small = tf32(x - big), both rounded to nearest (ties
+/// away from zero, as cvt.rna), so |x - big - small| <= 2^-22 |x|; a b = a_small b_big +
+/// a_big b_small + a_big b_big with the small terms first, dropping a_small b_small
+/// (<= 2^-22 |a b|): products within a few units of float's rounding, whose sum over the depth
+/// errs more, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures the
+/// error against float64).
+///
+/// The split is integer arithmetic on the bits, nine instructions per register: rounding to
+/// nearest with ties away from zero is adding half a TF32 unit (0x1000) to the magnitude's bits
+/// and clearing the 13 below TF32's, which gives cvt.rna's parts bit for bit. ptxas emulates
+/// cvt.rna.tf32 with a finiteness test and selects per call, which took the split to about 1.7
+/// times the instructions per stage and bound the kernels by instruction issue
+/// (docs/notes/2026-12-07-float32-split.md).
+///
+/// An operand that does not split keeps small = 0 and enters the cross terms as 0, so that its
+/// product is big times big alone, as in float (a cross term small * inf would be NaN wherever the
+/// other operand's small part is 0: a -inf mask times an exact 1): infinities and NaN, and finite
+/// values of magnitude at or above 0x1.ffep127 (whose rounding would overflow), which enter
+/// unrounded.
 struct SplitTf32 {
   template <class T>
   static bool applies(const TileProblem<T, float>& prob) {
     return sizeof(T) == 4 && !prob.tf32;
   }
-  /// x rounded to TF32 with the dropped bits zero (cvt.rna leaves them unspecified).
-  static __device__ __forceinline__ float tf32_part(float x) {
-    return __uint_as_float(__float_as_uint(round_to_tf32(x)) & 0xffffe000u);
+  static constexpr unsigned TF32_BITS = 0xffffe000u;  // sign, exponent and TF32's 10 mantissa bits
+  static constexpr unsigned HALF_UNIT = 0x1000u;      // half a unit in TF32's last place
+  /// The bits of the smallest magnitude whose TF32 rounding overflows.
+  static constexpr unsigned ROUNDS_TO_INF = 0x7f7ff000u;
+
+  /// x (bits, in place) split into big and small; cross is big as the cross terms take it.
+  static __device__ __forceinline__ void split(unsigned& x, unsigned& small, unsigned& cross) {
+    const bool splits = fabsf(__uint_as_float(x)) < __uint_as_float(ROUNDS_TO_INF);
+    const unsigned keep = splits ? TF32_BITS : 0u;
+    const unsigned big = (x + HALF_UNIT) & TF32_BITS;
+    small = (__float_as_uint(__uint_as_float(x) - __uint_as_float(big)) + HALF_UNIT) & keep;
+    cross = big & keep;
+    x = splits ? big : x;
   }
   template <int N>
-  static __device__ __forceinline__ void split(unsigned* big, unsigned* small) {
+  static __device__ __forceinline__ void split(unsigned (&x)[N], unsigned (&small)[N], unsigned (&cross)[N]) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float x = __uint_as_float(big[i]), hi = tf32_part(x);
-      small[i] = __float_as_uint(isfinite(hi) ? tf32_part(x - hi) : 0.0f);
-      big[i] = __float_as_uint(hi);
-    }
+    for (int i = 0; i < N; ++i) split(x[i], small[i], cross[i]);
   }
-  /// The big parts as the cross terms take them: 0 where infinite or NaN.
-  template <int N>
-  static __device__ __forceinline__ void finite_parts(const unsigned* big, unsigned* out) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = isfinite(__uint_as_float(big[i])) ? big[i] : 0u;
-  }
+  /// B's parts once per step, A's per row block: a row block's parts live only while its 12
+  /// products issue, which keeps the warp's registers under the two-blocks-per-SM bound.
   static __device__ __forceinline__ void multiply(TileAccumulator& acc, unsigned (&a)[4][4], unsigned (&b)[4][2]) {
-    unsigned a_small[4][4], b_small[4][2], a_cross[4][4], b_cross[4][2];
-    split<16>(&a[0][0], &a_small[0][0]);
-    split<8>(&b[0][0], &b_small[0][0]);
-    finite_parts<16>(&a[0][0], &a_cross[0][0]);
-    finite_parts<8>(&b[0][0], &b_cross[0][0]);
+    unsigned b_small[4][2], b_cross[4][2];
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int nt = 0; nt < 4; ++nt) split(b[nt], b_small[nt], b_cross[nt]);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      unsigned a_small[4], a_cross[4];
+      split(a[mt], a_small, a_cross);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        MmaOp<float>::run(acc[mt][nt], a_small[mt], b_cross[nt]);
-        MmaOp<float>::run(acc[mt][nt], a_cross[mt], b_small[nt]);
+        MmaOp<float>::run(acc[mt][nt], a_small, b_cross[nt]);
+        MmaOp<float>::run(acc[mt][nt], a_cross, b_small[nt]);
         MmaOp<float>::run(acc[mt][nt], a[mt], b[nt]);
       }
+    }
   }
 };
 
