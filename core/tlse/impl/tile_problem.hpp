@@ -43,6 +43,13 @@ struct LogitModel {
   index_t diagonal_offset = 0;  // the diagonal is row_id + diagonal_offset == col_id
   index_t valid_cols = INT64_MAX;
 
+  /// Whether every column of `cols` takes x = scale * dot: no mask, bias or softcap reaches it,
+  /// so that a tile kernel may skip the per-entry model on its full tiles.
+  template <class Cols>
+  bool plain(const Cols& cols) const {
+    return col_bias == nullptr && !(softcap > Acc(0)) && !exclude_diagonal &&
+           valid_cols >= (cols.index ? cols.stored : cols.count);
+  }
   KOKKOS_INLINE_FUNCTION bool masked(index_t row_id, index_t col_id) const {
     return col_id >= valid_cols || (exclude_diagonal && row_id + diagonal_offset == col_id);
   }

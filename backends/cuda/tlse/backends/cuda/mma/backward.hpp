@@ -105,6 +105,7 @@ struct GradientParams {
   const float* other_bound;  // max TermsAt::bound() of the other side (fp16 only)
   float* part;  // row sums (dscale: dL/dz * dot, or dbias: dL/dz), or nullptr when neither is wanted
   bool sum_products;  // part sums dL/dz * dot (dscale) rather than dL/dz (dbias)
+  bool plain_logits;  // f.prob.logit.plain(f.prob.cols): full tiles take x = scale * dot alone
 };
 
 /// Epilogue of the gradient sweep: G into the chunk buffer and the wanted row sum into the
@@ -121,11 +122,9 @@ struct GradientEpilogue {
   __device__ __forceinline__ void column_tile(TileAccumulator& acc, int ct) {
     const WarpPosition w;
     const index_t col_base = index_t(ct) * BN;
-    const float scale = p.f.prob.logit.scale;
-    const bool sums = p.part != nullptr, by_row = p.f.owner_is_row;
-    const SoftmaxTerms<float>& own_terms = by_row ? p.f.row_terms : p.f.col_terms;
-    const SoftmaxTerms<float>& other_terms = by_row ? p.f.col_terms : p.f.row_terms;
-    const bool own_on = own_terms.active(), other_on = other_terms.active();
+    const bool sums = p.part != nullptr;
+    const SoftmaxTerms<float>& other_terms = p.f.owner_is_row ? p.f.col_terms : p.f.row_terms;
+    const bool other_on = other_terms.active();
     if (other_on) {  // the previous tile's readers are past a main-loop barrier
       if (w.tid < BN) {
         TermsAt t;
@@ -134,10 +133,48 @@ struct GradientEpilogue {
       }
       __syncthreads();
     }
-    const float eps = p.tile_mask ? p.f.filter_eps : 0.f;
     bool significant = false;
     // dL/dz * scale replaces each dot product in acc; stored once the tile's fate is known.
-  #pragma unroll
+    if (p.plain_logits && row0 + BM <= p.a_end && col_base + BN <= p.B.count)
+      shares<true>(acc, ct, significant);
+    else
+      shares<false>(acc, ct, significant);
+    // One barrier: it publishes the row sums and, when filtering, decides the tile's fate.
+    bool keep = true;
+    if (p.tile_mask)
+      keep = __syncthreads_or(significant) != 0;
+    else if (sums)
+      __syncthreads();
+    if (p.tile_mask && w.tid == 0) p.tile_mask[((row0 - p.a_begin) / BM) * p.mask_ld + ct] = keep;
+    if (p.G && keep)
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const index_t o = row0 + w.row(mt, h);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const index_t x0 = col_base + w.col(nt, 0);
+            if (o < p.a_end && x0 < p.ldp)
+              store_pair(p.G, (o - p.a_begin) * p.ldp + x0, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+          }
+        }
+    if (sums && w.tid < BM) run += column_warp_sum(red, w.tid);
+  }
+
+  /// acc: dot products -> dL/dz * scale (times the row's scale for fp16), the row sums into red.
+  /// Plain: a full tile under a plain logit model, whose logit is scale * dot with no edge, mask,
+  /// bias or softcap to test per entry (the per-entry model's branches dominated the epilogue).
+  template <bool Plain>
+  __device__ __forceinline__ void shares(TileAccumulator& acc, int ct, bool& significant) {
+    const WarpPosition w;
+    const index_t col_base = index_t(ct) * BN;
+    const float scale = p.f.prob.logit.scale;
+    const bool sums = p.part != nullptr, by_row = p.f.owner_is_row;
+    const SoftmaxTerms<float>& own_terms = by_row ? p.f.row_terms : p.f.col_terms;
+    const bool own_on = own_terms.active(), other_on = (by_row ? p.f.col_terms : p.f.row_terms).active();
+    const float eps = p.tile_mask ? p.f.filter_eps : 0.f;
+#pragma unroll
     for (int mt = 0; mt < 4; ++mt)
     #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -162,13 +199,13 @@ struct GradientEpilogue {
             float& v = acc[mt][nt][2 * h + j];
             const float dot = v;
             float dz = 0;
-            if (o_ok && x < p.B.count) {
+            if (Plain || (o_ok && x < p.B.count)) {
               const index_t xid = p.B.id(x);
-              const float lx = p.f.prob.logit(dot, by_row ? oid : xid, by_row ? xid : oid);
+              const float lx = Plain ? scale * dot : p.f.prob.logit(dot, by_row ? oid : xid, by_row ? xid : oid);
               if (lx != -infinity<float>()) {
                 float share = own_on ? own.share(lx, xid, eps, significant) : 0.f;
                 if (other_on) share += other[w.col(nt, j)].share(lx, oid, eps, significant);
-                dz = share * p.f.prob.logit.dx_dz(lx);
+                dz = Plain ? share : share * p.f.prob.logit.dx_dz(lx);
               }
               sum += p.sum_products ? dz * dot : dz;
             }
@@ -179,27 +216,6 @@ struct GradientEpilogue {
           if ((w.lane & 3) == 0) red[w.wn][r_local] = sum;
         }
       }
-    // One barrier: it publishes the row sums and, when filtering, decides the tile's fate.
-    bool keep = true;
-    if (p.tile_mask)
-      keep = __syncthreads_or(significant) != 0;
-    else if (sums)
-      __syncthreads();
-    if (p.tile_mask && w.tid == 0) p.tile_mask[((row0 - p.a_begin) / BM) * p.mask_ld + ct] = keep;
-    if (p.G && keep)
-    #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-      #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const index_t o = row0 + w.row(mt, h);
-        #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const index_t x0 = col_base + w.col(nt, 0);
-            if (o < p.a_end && x0 < p.ldp)
-              store_pair(p.G, (o - p.a_begin) * p.ldp + x0, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-          }
-        }
-    if (sums && w.tid < BM) run += column_warp_sum(red, w.tid);
   }
 };
 
@@ -446,7 +462,8 @@ struct LseBackwardMma {
                                         scaled ? buf.row_scale : nullptr,
                                         buf.other_bound,
                                         sums ? buf.row_sums : nullptr,
-                                        f.dscale_part != nullptr};
+                                        f.dscale_part != nullptr,
+                                        f.prob.logit.plain(f.prob.cols)};
       gradient_sweep_kernel<T, F, Product>
           <<<dim3(unsigned(row_tiles), unsigned(plan.sweep_splits)), THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
       check_launch("gradient_sweep_kernel");

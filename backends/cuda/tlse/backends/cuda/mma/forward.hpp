@@ -23,6 +23,7 @@ struct ForwardParams {
   Side<T> A, B;  // rows, columns
   index_t depth;
   LogitModel<T, float> logit;
+  bool plain_logits;  // logit.plain(B): full tiles take x = scale * dot alone
   int row_tiles_per_block, col_tiles_per_split;
   float *row_max, *row_sum;  // [gridDim.y][A.count]
   float *col_max, *col_sum;  // [gridDim.x][B.count], or nullptr: no column LSE
@@ -47,17 +48,26 @@ struct LseEpilogue {
   float run_best = -infinity<float>();  // ArgMax: the row's largest logit (threads tid < BM)
   int run_best_col = INT32_MAX;
 
-  __device__ __forceinline__ void column_tile(TileAccumulator& acc, int ct) {
-    const WarpPosition w;
-    const index_t col_base = index_t(ct) * BN;
-  #pragma unroll
+  /// acc: dot products -> logits, -inf past the edges. A full tile under a plain logit model
+  /// takes x = scale * dot alone: the per-entry model's ids, mask tests and branches were most of
+  /// the epilogue's instructions (docs/notes/2026-12-07-float32-split.md).
+  __device__ __forceinline__ void to_logits(TileAccumulator& acc, index_t col_base, const WarpPosition& w) const {
+    if (p.plain_logits && row0 + BM <= p.A.count && col_base + BN <= p.B.count) {
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = p.logit.scale * acc[mt][nt][e];
+      return;
+    }
+#pragma unroll
     for (int mt = 0; mt < 4; ++mt)
     #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r_local = w.row(mt, h);
         const bool r_ok = row0 + r_local < p.A.count;
         const index_t aid = r_ok ? p.A.id(row0 + r_local) : 0;
-        float m = -infinity<float>();
       #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
         #pragma unroll
@@ -65,8 +75,24 @@ struct LseEpilogue {
             const index_t b = col_base + w.col(nt, j);
             float& x = acc[mt][nt][2 * h + j];
             x = r_ok && b < p.B.count ? p.logit(x, aid, p.B.id(b)) : -infinity<float>();
-            m = nan_max(m, x);
           }
+      }
+  }
+
+  __device__ __forceinline__ void column_tile(TileAccumulator& acc, int ct) {
+    const WarpPosition w;
+    const index_t col_base = index_t(ct) * BN;
+    to_logits(acc, col_base, w);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r_local = w.row(mt, h);
+        float m = -infinity<float>();
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) m = nan_max(m, acc[mt][nt][2 * h + j]);
         m = quad_max(m);
         if constexpr (ArgMax) {  // the quad's lowest column holding m
           int col = INT32_MAX;
@@ -209,9 +235,19 @@ struct LseForwardMma {
     const int per_split = int((col_tiles + splits - 1) / splits);
     parts.col_splits = (col_tiles + per_split - 1) / per_split;  // no empty split
     parts.row_splits = row_blocks;
-    ForwardParams<T> params{prob.rows,  prob.cols,  prob.depth,    prob.logit,
-                            int(per_block), per_split, parts.rows, parts.rows + parts.col_splits * na,
-                            parts.cols, nullptr,    parts.col_sums, parts.row_best,
+    ForwardParams<T> params{prob.rows,
+                            prob.cols,
+                            prob.depth,
+                            prob.logit,
+                            prob.logit.plain(prob.cols),
+                            int(per_block),
+                            per_split,
+                            parts.rows,
+                            parts.rows + parts.col_splits * na,
+                            parts.cols,
+                            nullptr,
+                            parts.col_sums,
+                            parts.row_best,
                             parts.row_best_id};
     if (parts.cols) params.col_sum = parts.cols + row_blocks * nb;
     const dim3 grid(unsigned(row_blocks), unsigned(parts.col_splits));
