@@ -79,11 +79,11 @@ struct OneMmaPerBlock {
 /// errs more, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures the
 /// error against float64).
 ///
-/// The split is integer arithmetic on the bits, nine instructions per register: rounding to
-/// nearest with ties away from zero is adding half a TF32 unit (0x1000) to the magnitude's bits
-/// and clearing the 13 below TF32's, which gives cvt.rna's parts bit for bit. ptxas emulates
-/// cvt.rna.tf32 with a finiteness test and selects per call, which took the split to about 1.7
-/// times the instructions per stage and bound the kernels by instruction issue
+/// The split is integer arithmetic on the bits: rounding to nearest with ties away from zero is
+/// adding half a TF32 unit (0x1000) to the magnitude's bits and clearing the 13 below TF32's,
+/// which gives cvt.rna's parts bit for bit. ptxas has no native cvt.rna.tf32 for sm_90 and
+/// emulates each one with a finiteness test and selects; here one range test per register serves
+/// both parts and the cross terms, since the kernels are bound by instruction issue
 /// (docs/notes/2026-12-07-float32-split.md).
 ///
 /// An operand that does not split keeps small = 0 and enters the cross terms as 0, so that its
