@@ -144,6 +144,19 @@ TYPED_TEST(Contrastive, ExactFloatTileKernelShapes) {
   this->check_self(rng, 2 * 150, 36, with_scale(1 / 0.07));
 }
 
+TYPED_TEST(Contrastive, ExactFloatBackwardInChunksOfRows) {
+  // Exact float on CUDA runs the whole backward as one pass owning the rows when its buffers fit
+  // the budget (mma/backward.hpp, run_fused): under 3 MiB, chunks of 128 of these 1000 images,
+  // each adding its G^T I_chunk into dT (the last chunk partial), with dscale from the rows' sums.
+  // The self-similarity form adds both sides into one gradient: the two passes.
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
+  TLSE_SEEDED(rng);
+  auto o = with_scale(14.3);
+  o.memory_budget = std::size_t(3) << 20;
+  this->check(rng, 1000, 72, o, true);
+  this->check_self(rng, 2 * 500, 72, o);
+}
+
 TYPED_TEST(Contrastive, BackwardInTwoPassesUnderASmallBudget) {
   TLSE_SEEDED(rng);
   // On Hopper GPUs (bf16, fp16) 1 MiB does not hold the fused backward's 900 x 520 fp32 accumulator:

@@ -573,6 +573,17 @@ TYPED_TEST(CrossEntropy, BackwardInTwoPassesUnderASmallBudget) {
   this->check(exact_with_bias_under_budget(700, 1500, 520, std::size_t(1) << 20), rng);
 }
 
+TYPED_TEST(CrossEntropy, ExactFloatBackwardInChunksOfRows) {
+  // Exact float on CUDA runs the whole backward as one pass owning the rows when its buffers fit
+  // the budget (mma/backward.hpp, run_fused): 8 MiB holds chunks of 128 of these 700 rows, each
+  // adding its G^T E_chunk into dC, with ignored rows and whole tiles filtered in both products
+  // (clustered classes, in vocabulary order). With a bias, the two passes (dbias).
+  if (!std::is_same<typename TestFixture::T, float>::value) GTEST_SKIP() << "exact float32";
+  TLSE_SEEDED(rng);
+  this->check(filtered_under_budget(700, 1500, 520, std::size_t(8) << 20), rng);
+  this->check(exact_with_bias_under_budget(700, 1500, 520, std::size_t(8) << 20), rng);
+}
+
 TYPED_TEST(CrossEntropy, BackwardInKBlocksUnderATinyBudget) {
   if (tlse::impl::is_host_space<typename TypeParam::Exec>())
     GTEST_SKIP() << "the host's backward plans no budget: the other cases cover its kernels";

@@ -65,6 +65,11 @@ struct BackwardShape {
   bool accumulate = false;  // the call adds into the gradients (their storage holds nothing of its own)
 };
 
+/// The generic kernels' backward pass (lse_backward.hpp), which backends take as a pass's
+/// description.
+template <class T, class Acc, class Tile = GenericTile>
+struct BackwardTiles;
+
 /// One backward pass (a BackwardTiles functor `f`). `scratch_bytes` is what `run` needs in
 /// f.scratch for a pass with `owned` x `other` rows; `run` returns false to leave the pass to
 /// the generic kernel.

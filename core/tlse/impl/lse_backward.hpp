@@ -11,7 +11,7 @@
 
 namespace tlse::impl {
 
-template <class T, class Acc, class Tile = GenericTile>
+template <class T, class Acc, class Tile>
 struct BackwardTiles {
   static constexpr int TM = Tile::TM, TN = Tile::TN, TK = Tile::TK, SLD = DotTileScratch<Acc, Tile>::SLD;
   static_assert(TM == TN, "the owned and the other side swap roles, so tiles are square");

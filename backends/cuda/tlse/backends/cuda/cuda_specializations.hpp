@@ -31,6 +31,20 @@ template <class T>
 constexpr bool on_tile_kernels =
     std::is_same<T, bfloat16>::value || std::is_same<T, float16>::value || std::is_same<T, float>::value;
 
+/// run(product) with the Product the tile kernels multiply T with (float: in TF32 where `tf32`,
+/// else exact with 3xTF32 or FFMA as TLSE_CUDA_EXACT_F32 says); false where none does.
+template <class T, class Run>
+bool with_tile_product(bool tf32, const Run& run) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (!tf32) {
+      const cuda::ExactF32 kernels = cuda::exact_f32_kernels();
+      if (kernels == cuda::ExactF32::tf32x3) return run(cuda::Tf32x3Product{});
+      return kernels == cuda::ExactF32::ffma && run(cuda::FfmaProduct{});
+    }
+  }
+  return run(cuda::TensorCoreProduct<T>{});
+}
+
 template <>
 struct LseForwardSpecialization<Kokkos::Cuda> {
   template <class T, class Acc>
@@ -44,20 +58,12 @@ struct LseForwardSpecialization<Kokkos::Cuda> {
       if (path == cuda::KernelPath::hopper && cuda::LseForwardHopper::run(exec.cuda_stream(), prob, parts)) return true;
 #endif
       if (path == cuda::KernelPath::generic) return false;
-      const auto run_with = [&](auto product) {
+      return with_tile_product<T>(prob.tf32, [&](auto product) {
         using Product = decltype(product);
         if (!cuda::LseForwardMma::applies<T, Product>(prob)) return false;
         cuda::LseForwardMma::run<T, Product>(exec.cuda_stream(), exec.cuda_device(), prob, parts);
         return true;
-      };
-      if constexpr (std::is_same<T, float>::value) {
-        if (!prob.tf32) {  // exact float
-          const cuda::ExactF32 kernels = cuda::exact_f32_kernels();
-          if (kernels == cuda::ExactF32::tf32x3) return run_with(cuda::Tf32x3Product{});
-          return kernels == cuda::ExactF32::ffma && run_with(cuda::FfmaProduct{});
-        }
-      }
-      return run_with(cuda::TensorCoreProduct<T>{});
+      });
     } else {
       return false;
     }
@@ -76,6 +82,16 @@ bool takes_spread(const SoftmaxTerms<Acc>& terms) {
 template <class T>
 constexpr bool backward_on_tile_kernels = on_tile_kernels<T>;
 
+/// Whether the tile kernels take float inputs of this precision on the device (the mma.sync
+/// kernels' fused backward and passes).
+inline bool tile_kernels_take_float(const Kokkos::Cuda& exec, Precision precision) {
+  return cuda::kernel_path(exec.cuda_device()) != cuda::KernelPath::generic &&
+         (precision == Precision::tf32 || cuda::exact_f32_kernels() != cuda::ExactF32::generic);
+}
+
+/// The whole backward: the Hopper kernels' (hopper/backward.hpp) where their plan fits, else for
+/// float the mma.sync kernels' (LseBackwardMma::run_fused), whose scratch also holds the passes'
+/// for the calls it leaves to them.
 template <>
 struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
   template <class T>
@@ -85,21 +101,47 @@ struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
     if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
         cuda::LseBackwardHopper::plan<T>(exec.cuda_device(), shape, plan))
       return plan.bytes;
-#else
-    (void)exec, (void)shape;
 #endif
+    if constexpr (std::is_same<T, float>::value) {
+      if (!tile_kernels_take_float(exec, shape.precision)) return 0;
+      const std::size_t fused = cuda::LseBackwardMma::fused_scratch_bytes(exec.cuda_device(), shape.rows, shape.cols,
+                                                                          shape.depth, shape.memory_budget);
+      const std::size_t passes = pass_scratch_bytes<T>(exec, shape);
+      return fused == 0 ? 0 : fused > passes ? fused : passes;
+    }
+    (void)exec, (void)shape;
     return 0;
   }
   template <class T, class Acc>
   static bool run(const Kokkos::Cuda& exec, const BackwardRequest<T, Acc>& r) {
     if (takes_spread(r.row_terms) || takes_spread(r.col_terms)) return false;
+    if constexpr (std::is_same<Acc, float>::value) {
 #if defined(TLSE_HAVE_HOPPER)
-    if constexpr (std::is_same<Acc, float>::value)
-      return cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
-             cuda::LseBackwardHopper::run<T>(exec.cuda_stream(), exec.cuda_device(), r);
-#else
-    (void)exec, (void)r;
+      if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::hopper &&
+          cuda::LseBackwardHopper::run<T>(exec.cuda_stream(), exec.cuda_device(), r))
+        return true;
 #endif
+      if constexpr (std::is_same<T, float>::value) {
+        if (!tile_kernels_take_float(exec, r.prob.tf32 ? Precision::tf32 : Precision::exact)) return false;
+        BackwardTiles<T, Acc> rows{};  // the row pass, whose sweep serves both products
+        rows.prob = r.prob;
+        rows.owner_is_row = true;
+        rows.row_terms = r.row_terms;
+        rows.col_terms = r.col_terms;
+        rows.filter_eps = r.filter_eps;
+        rows.grad = r.grad_rows;
+        rows.accumulate = r.accumulate;
+        rows.dscale_part = r.dscale_part;
+        rows.dbias = nullptr;
+        rows.scratch = r.scratch;
+        rows.scratch_bytes = r.scratch_bytes;
+        return with_tile_product<float>(r.prob.tf32, [&](auto product) {
+          return cuda::LseBackwardMma::run_fused<decltype(product)>(exec.cuda_stream(), exec.cuda_device(), rows,
+                                                                    r.grad_cols, r.cols_into_rows, r.dbias != nullptr);
+        });
+      }
+    }
+    (void)exec, (void)r;
     return false;
   }
 };
@@ -213,18 +255,10 @@ struct LseBackwardSpecialization<Kokkos::Cuda> {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(f.prob.rows.data)>::type>::type;
     if constexpr (backward_on_tile_kernels<T>) {
       if (cuda::kernel_path(exec.cuda_device()) == cuda::KernelPath::generic) return false;
-      const auto run_with = [&](auto product) {
+      return with_tile_product<T>(f.prob.tf32, [&](auto product) {
         return cuda::LseBackwardMma::run<T, decltype(product)>(exec.cuda_stream(), exec.cuda_device(), f, f.scratch,
                                                                f.scratch_bytes);
-      };
-      if constexpr (std::is_same<T, float>::value) {
-        if (!f.prob.tf32) {  // exact float
-          const cuda::ExactF32 kernels = cuda::exact_f32_kernels();
-          if (kernels == cuda::ExactF32::tf32x3) return run_with(cuda::Tf32x3Product{});
-          return kernels == cuda::ExactF32::ffma && run_with(cuda::FfmaProduct{});
-        }
-      }
-      return run_with(cuda::TensorCoreProduct<T>{});
+      });
     } else {
       return false;
     }

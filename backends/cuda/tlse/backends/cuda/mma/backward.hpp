@@ -16,6 +16,12 @@
 // fp16 cannot hold G as it is: entries like p / N fall below its 2^-24 floor. Each owned row of
 // G is stored times a power of two that puts the row's bound (row_scale_for) at 2^14, and the
 // product divides it out exactly; bf16 (float's exponent range) and float store G unscaled.
+// A whole float backward wanting both gradients (LseBackwardMma::run_fused) runs one pass owning
+// the rows in three products instead of two passes' four: the sweep also stores the chunk's G
+// transposed, and a third kernel adds dB += G^T A_chunk (grad_product_kernel again, K the chunk's
+// rows) into the columns' gradient, chunk after chunk. Float only: the sum over the chunks lies
+// in the gradient itself, exact for float and too coarse for 16-bit outputs, and fp16's per-row
+// scale of G would fall inside that product's K.
 // No atomics: results are bitwise reproducible. Everything lives in the caller's workspace.
 #include <tlse/backends/cuda/grid_stride.hpp>
 #include <tlse/backends/cuda/launch_shape.hpp>
@@ -94,18 +100,20 @@ __global__ void terms_bound_kernel(SoftmaxTerms<float> terms, Side<T> side, floa
 /// What a gradient-sweep block needs, as one __grid_constant__ parameter (see ForwardParams).
 template <class T, class F>
 struct GradientParams {
-  F f;          // the pass (a BackwardTiles<T, float>): logit model, softmax terms, outputs
+  F f;           // the pass (a BackwardTiles<T, float>): logit model, softmax terms, outputs
   Side<T> A, B;  // owned side, other side
-  index_t a_begin, a_end, ldp;
-  int col_tiles_per_split;
-  T* G;         // chunk buffer, or nullptr when no gradient rows are wanted
-  unsigned char* tile_mask;  // [chunk row tile][column tile]: 0 where filtered; nullptr: no filtering
-  int mask_ld;
-  float* row_scale;          // [chunk]: scale of each stored row of G (fp16); nullptr: unscaled
-  const float* other_bound;  // max TermsAt::bound() of the other side (fp16 only)
-  float* part;  // row sums (dscale: dL/dz * dot, or dbias: dL/dz), or nullptr when neither is wanted
-  bool sum_products;  // part sums dL/dz * dot (dscale) rather than dL/dz (dbias)
-  bool plain_logits;  // f.prob.logit.plain(f.prob.cols): full tiles take x = scale * dot alone
+  index_t a_begin = 0, a_end = 0, ldp = 0;
+  int col_tiles_per_split = 1;
+  T* G = nullptr;   // chunk buffer, or nullptr when no gradient rows are wanted
+  T* Gt = nullptr;  // the fused backward's G^T: [other][ldt], or nullptr
+  index_t ldt = 0;
+  unsigned char* tile_mask = nullptr;  // [chunk row tile][column tile]: 0 where filtered; nullptr: no filtering
+  int mask_ld = 0;
+  float* row_scale = nullptr;          // [chunk]: scale of each stored row of G (fp16); nullptr: unscaled
+  const float* other_bound = nullptr;  // max TermsAt::bound() of the other side (fp16 only)
+  float* part = nullptr;      // row sums (dscale: dL/dz * dot, or dbias: dL/dz), or nullptr when neither is wanted
+  bool sum_products = false;  // part sums dL/dz * dot (dscale) rather than dL/dz (dbias)
+  bool plain_logits = false;  // f.prob.logit.plain(f.prob.cols): full tiles take x = scale * dot alone
 };
 
 /// Epilogue of the gradient sweep: G into the chunk buffer and the wanted row sum into the
@@ -158,6 +166,20 @@ struct GradientEpilogue {
             if (o < p.a_end && x0 < p.ldp)
               store_pair(p.G, (o - p.a_begin) * p.ldp + x0, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
           }
+        }
+    if (p.Gt && keep)  // rows of the tile past a_end hold zeros, which the product reads
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const index_t o = row0 + w.row(mt, h) - p.a_begin;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const index_t x = col_base + w.col(nt, j);
+              if (x < p.B.count) p.Gt[x * p.ldt + o] = from_acc<T>(acc[mt][nt][2 * h + j]);
+            }
         }
     if (sums && w.tid < BM) run += column_warp_sum(red, w.tid);
   }
@@ -238,29 +260,45 @@ __global__ void __launch_bounds__(THREADS, 2) gradient_sweep_kernel(const __grid
     p.part[index_t(blockIdx.y) * chunk + row0 + tid - p.a_begin] = epi.run;
 }
 
-/// out = G (chunk x ldp, row-major) times the other side's rows X (K = X.count, row k of X
-/// at X.id(k)), 128 x 128 output tiles over depth D, K consumed 128 bytes at a time through the
-/// same 3-stage cp.async pipeline; X's tile is stored k-major (Product::stage_nn reads it).
-/// gridDim.z == 1: writes gradient rows own.id(a_begin + m) (+= with accumulate); otherwise split
-/// z of K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel. K steps whose G
-/// tile the sweep filtered out (tile_mask) are skipped: they hold no stored values.
+/// What a gradient-product block needs (grad_product_kernel), as one __grid_constant__ parameter.
+template <class T>
+struct ProductParams {
+  const T* G = nullptr;  // rows x K, row-major with stride ldg, zero from K up to ldg
+  index_t ldg = 0, rows = 0;
+  Side<T> X;  // K = X.count rows of depth D, row k at X.id(k)
+  index_t D = 0;
+  int k_tiles_per_split = 1;
+  // Kept K steps: tile_mask[m tile * mask_m + k tile * mask_k] (128 x 128 tiles of G) is 0 where
+  // the sweep filtered the tile out; nullptr: every step.
+  const unsigned char* tile_mask = nullptr;
+  index_t mask_m = 0, mask_k = 0;
+  const float* row_scale = nullptr;  // [rows]: the scale of each stored row of G (fp16), or nullptr
+  Side<T> own;                       // output row m is the gradient row own.id(a_begin + m)
+  index_t a_begin = 0;
+  T* grad = nullptr;
+  bool accumulate = false;  // grad += result
+  float* part = nullptr;    // [K split][rows][D], with gridDim.z > 1
+};
+
+/// out = G X: 128 x 128 output tiles over depth D, K consumed 128 bytes at a time through the
+/// same 3-stage cp.async pipeline as the sweep; X's tile is stored k-major (Product::stage_nn
+/// reads it). gridDim.z == 1: writes the gradient rows (+= with accumulate); otherwise split z of
+/// K writes its fp32 partial to part[z][m][n] for gradient_reduce_kernel. K steps whose G tile
+/// the sweep filtered out are skipped: they hold no stored values.
 template <class T, class Product>
-__global__ void __launch_bounds__(THREADS, 2)
-    grad_product_kernel(const T* G, index_t ldp, index_t chunk, Side<T> X, index_t D, int k_tiles_per_split,
-                        const unsigned char* tile_mask, int mask_ld, const float* row_scale, Side<T> own,
-                        index_t a_begin, T* grad, bool accumulate, float* part) {
+__global__ void __launch_bounds__(THREADS, 2) grad_product_kernel(const __grid_constant__ ProductParams<T> p) {
   extern __shared__ uint4 smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const WarpPosition w;
-  const index_t m0 = index_t(blockIdx.x) * BM, n0 = index_t(blockIdx.y) * BN, nx = X.count;
+  const index_t m0 = index_t(blockIdx.x) * BM, n0 = index_t(blockIdx.y) * BN, nx = p.X.count, D = p.D;
   constexpr int BKT = depth_per_stage<T>, EPC = per_16_bytes<T>, HALVES = int(sizeof(T)) / 2;
   constexpr int B_CHUNKS_PER_ROW = BN / EPC;
   const int total_kt = int((nx + BKT - 1) / BKT);
-  const int kt_begin = blockIdx.z * k_tiles_per_split;
-  const int kt_end = kt_begin + k_tiles_per_split < total_kt ? kt_begin + k_tiles_per_split : total_kt;
-  const unsigned char* kept = tile_mask ? tile_mask + index_t(blockIdx.x) * mask_ld : nullptr;
+  const int kt_begin = blockIdx.z * p.k_tiles_per_split;
+  const int kt_end = kt_begin + p.k_tiles_per_split < total_kt ? kt_begin + p.k_tiles_per_split : total_kt;
+  const unsigned char* kept = p.tile_mask ? p.tile_mask + blockIdx.x * p.mask_m : nullptr;
   const auto next_kept = [&](int kt) {  // the first K step at or after kt that the sweep kept
-    while (kt < kt_end && kept && !kept[kt * BKT / BN]) ++kt;
+    while (kt < kt_end && kept && !kept[(kt * BKT / BN) * p.mask_k]) ++kt;
     return kt;
   };
   constexpr int STAGE = BM * LDS + BK * LDSB;  // the same in halves for either element size
@@ -274,12 +312,13 @@ __global__ void __launch_bounds__(THREADS, 2)
     for (int i = 0; i < CHUNKS; ++i) {
       const int c = w.tid + i * THREADS;
       const int ar = c / (BK / 8), ah = (c % (BK / 8)) * 8, ak = (c % (BK / 8)) * EPC;  // G: 128 rows x BKT k
-      const bool a_ok = m0 + ar < chunk && k0 + ak < ldp;  // G is zero-padded up to ldp
-      cp_async16(smem_address(sa + ar * LDS + ah), a_ok ? G + (m0 + ar) * ldp + k0 + ak : G, a_ok ? 16 : 0);
+      // A chunk that starts before K ends reads G's zeros past it (ldg >= K rounded up to 8).
+      const bool a_ok = m0 + ar < p.rows && k0 + ak < nx;
+      cp_async16(smem_address(sa + ar * LDS + ah), a_ok ? p.G + (m0 + ar) * p.ldg + k0 + ak : p.G, a_ok ? 16 : 0);
       const int bk = c / B_CHUNKS_PER_ROW, bn = (c % B_CHUNKS_PER_ROW) * EPC;  // X: BKT k x 128 n
       const bool b_ok = k0 + bk < nx && n0 + bn < D;
-      cp_async16(smem_address(sb + bk * LDSB_T + bn * HALVES), b_ok ? X.data + X.id(k0 + bk) * D + n0 + bn : X.data,
-                 b_ok ? 16 : 0);
+      cp_async16(smem_address(sb + bk * LDSB_T + bn * HALVES),
+                 b_ok ? p.X.data + p.X.id(k0 + bk) * D + n0 + bn : p.X.data, b_ok ? 16 : 0);
     }
   };
 
@@ -308,19 +347,19 @@ __global__ void __launch_bounds__(THREADS, 2)
   #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const index_t m = m0 + w.row(mt, h);
-      if (m >= chunk) continue;
-      const float unscale = row_scale ? 1.f / row_scale[m] : 1.f;  // a power of two: exact
-    #pragma unroll
+      if (m >= p.rows) continue;
+      const float unscale = p.row_scale ? 1.f / p.row_scale[m] : 1.f;  // a power of two: exact
+#pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const index_t n = n0 + w.col(nt, 0);  // even, and D % 8 == 0: n + 1 < D too
         if (n >= D) continue;
         float v0 = acc[mt][nt][2 * h] * unscale, v1 = acc[mt][nt][2 * h + 1] * unscale;
         if (gridDim.z > 1) {
-          *reinterpret_cast<float2*>(part + (index_t(blockIdx.z) * chunk + m) * D + n) = make_float2(v0, v1);
+          *reinterpret_cast<float2*>(p.part + (index_t(blockIdx.z) * p.rows + m) * D + n) = make_float2(v0, v1);
           continue;
         }
-        T* out = grad + own.id(a_begin + m) * D + n;
-        if (accumulate) v0 += to_acc<float>(out[0]), v1 += to_acc<float>(out[1]);
+        T* out = p.grad + p.own.id(p.a_begin + m) * D + n;
+        if (p.accumulate) v0 += to_acc<float>(out[0]), v1 += to_acc<float>(out[1]);
         out[0] = from_acc<T>(v0), out[1] = from_acc<T>(v1);
       }
     }
@@ -356,20 +395,69 @@ __global__ void row_sums_reduce_kernel(const float* part, int splits, index_t ch
 
 /// How one backward pass is cut: chunks of owned rows whose G buffer fits chunk_budget_bytes,
 /// then sweep splits over the other side and K splits of the product, each chosen so that the
-/// launch's last wave is full (balanced_splits).
+/// launch's last wave is full (balanced_splits). The fused backward (fused()) also holds G^T, and
+/// takes the largest chunk whose buffers fit the call's memory budget.
 struct BackwardPlan {
   static constexpr std::size_t chunk_budget_bytes = std::size_t(64) << 20;
   static constexpr index_t max_sweep_splits = 256, max_k_splits = 32;
-  index_t ldp = 0, chunk = 0, elem_bytes = 2, col_tiles = 0;
+  index_t ldp = 0, chunk = 0, elem_bytes = 2, col_tiles = 0, other = 0;
+  index_t ldt = 0;  // G^T's row stride: the chunk (fused), or 0
   int sweep_splits = 1, k_splits = 1, col_tiles_per_split = 1, k_tiles_per_split = 1;
 
+  /// The pass's plan.
   static BackwardPlan make(index_t owned, index_t other, index_t depth, int sms, index_t elem_bytes) {
+    const index_t ldp = (other + 7) / 8 * 8;
+    const index_t chunk = index_t(chunk_budget_bytes / (std::size_t(ldp) * elem_bytes)) / BM * BM;
+    return with_chunk(owned, other, depth, sms, elem_bytes, chunk, false);
+  }
+
+  /// The fused backward's plan within `budget` bytes; chunk == 0 where not even one row tile fits.
+  static BackwardPlan fused(index_t owned, index_t other, index_t depth, int sms, index_t elem_bytes,
+                            std::size_t budget) {
+    const index_t ldp = (other + 7) / 8 * 8;
+    // G and G^T take 2 ldp elements a row; the partial sums of the K splits shrink the chunk further.
+    index_t chunk = index_t(budget / (2 * std::size_t(ldp) * elem_bytes)) / BM * BM;
+    chunk = std::min(chunk, (owned + BM - 1) / BM * BM);
+    for (; chunk >= BM; chunk -= BM) {
+      const BackwardPlan p = with_chunk(owned, other, depth, sms, elem_bytes, chunk, true);
+      if (p.bytes(depth) <= budget) return p;
+    }
+    return BackwardPlan{};
+  }
+
+  struct Buffers {
+    char *G, *Gt;
+    float *part, *row_sums;
+    unsigned char* tile_mask;
+    float *row_scale, *other_bound;
+  };
+  Buffers carve(WorkspaceCarver& c, index_t depth) const {
+    Buffers b;
+    b.G = c.take<char>(ldp * chunk * elem_bytes);
+    b.Gt = c.take<char>(ldt * other * elem_bytes);
+    b.part = c.take<float>(k_splits > 1 ? k_splits * chunk * depth : 0);
+    b.row_sums = c.take<float>(index_t(sweep_splits) * chunk);
+    b.tile_mask = c.take<unsigned char>(chunk / BM * col_tiles);
+    b.row_scale = c.take<float>(chunk);
+    b.other_bound = c.take<float>(1);
+    return b;
+  }
+  std::size_t bytes(index_t depth) const {
+    WorkspaceCarver c;
+    carve(c, depth);
+    return c.bytes();
+  }
+
+ private:
+  static BackwardPlan with_chunk(index_t owned, index_t other, index_t depth, int sms, index_t elem_bytes,
+                                 index_t chunk, bool transposed) {
     BackwardPlan p;
     p.elem_bytes = elem_bytes;
+    p.other = other;
     p.ldp = (other + 7) / 8 * 8;
     const index_t owned_rounded = (owned + BM - 1) / BM * BM;
-    index_t chunk = index_t(chunk_budget_bytes / (std::size_t(p.ldp) * elem_bytes)) / BM * BM;
     p.chunk = chunk < BM ? BM : chunk > owned_rounded ? owned_rounded : chunk;
+    p.ldt = transposed ? p.chunk : 0;
     const index_t row_tiles = p.chunk / BM;
     p.col_tiles = (other + BN - 1) / BN;
     p.sweep_splits = balanced_splits(row_tiles, p.col_tiles, max_sweep_splits, sms);
@@ -384,29 +472,18 @@ struct BackwardPlan {
     p.k_splits = int((k_tiles + p.k_tiles_per_split - 1) / p.k_tiles_per_split);
     return p;
   }
-
-  struct Buffers {
-    char* G;
-    float *part, *row_sums;
-    unsigned char* tile_mask;
-    float *row_scale, *other_bound;
-  };
-  Buffers carve(WorkspaceCarver& c, index_t depth) const {
-    Buffers b;
-    b.G = c.take<char>(ldp * chunk * elem_bytes);
-    b.part = c.take<float>(k_splits > 1 ? k_splits * chunk * depth : 0);
-    b.row_sums = c.take<float>(index_t(sweep_splits) * chunk);
-    b.tile_mask = c.take<unsigned char>(chunk / BM * col_tiles);
-    b.row_scale = c.take<float>(chunk);
-    b.other_bound = c.take<float>(1);
-    return b;
-  }
-  std::size_t bytes(index_t depth) const {
-    WorkspaceCarver c;
-    carve(c, depth);
-    return c.bytes();
-  }
 };
+
+/// The rows [first, first + n) of a side, as a side of their own.
+template <class T>
+Side<T> side_part(const Side<T>& s, index_t first, index_t n, index_t depth) {
+  Side<T> part;
+  part.data = s.index ? s.data : s.data + first * depth;
+  part.index = s.index ? s.index + first : nullptr;
+  part.count = n;
+  part.stored = s.index ? s.stored : n;
+  return part;
+}
 
 struct LseBackwardMma {
   template <class T, class Product = TensorCoreProduct<T>>
@@ -418,6 +495,14 @@ struct LseBackwardMma {
   static std::size_t scratch_bytes(int device, index_t owned, index_t other, index_t depth, index_t elem_bytes) {
     if (owned == 0 || other == 0 || depth == 0) return 0;
     return BackwardPlan::make(owned, other, depth, multiprocessors(device), elem_bytes).bytes(depth);
+  }
+
+  /// Scratch of the fused backward (run_fused) for float inputs of the shape within its budget;
+  /// 0 where not even one row tile fits.
+  static std::size_t fused_scratch_bytes(int device, index_t rows, index_t cols, index_t depth, std::size_t budget) {
+    if (rows <= 0 || cols <= 0 || depth <= 0) return 0;
+    const BackwardPlan plan = BackwardPlan::fused(rows, cols, depth, multiprocessors(device), sizeof(float), budget);
+    return plan.chunk > 0 ? plan.bytes(depth) : 0;
   }
 
   /// Runs the pass described by f (a BackwardTiles<T, float>) on `stream` with Product's
@@ -433,11 +518,49 @@ struct LseBackwardMma {
     const index_t D = f.prob.depth;
     const BackwardPlan plan = BackwardPlan::make(own.count, other.count, D, multiprocessors(device), sizeof(T));
     if (scratch == nullptr || scratch_bytes < plan.bytes(D)) return false;
+    run_chunks<T, Product>(stream, plan, f, aligned_base(scratch), OtherGradient<T>{});
+    return true;
+  }
+
+  /// Runs a whole backward (both gradients, dscale) of float inputs as one pass owning the rows
+  /// whose sweep also feeds dB = G^T A (the top of this file), with the plan the scratch holds:
+  /// the one fused_scratch_bytes sized for the call's budget. f is the row pass of the request
+  /// (a BackwardTiles<float, float>). False where it does not qualify: a gradient not wanted (the
+  /// passes cost the same), the columns' gradient added into the rows' (self-similarity), dbias,
+  /// or the scratch too small; the passes then run.
+  template <class Product, class F>
+  static bool run_fused(cudaStream_t stream, int device, const F& f, float* grad_cols, bool cols_into_rows,
+                        bool want_dbias) {
+    if (!applies<float, Product>(f.prob) || !f.owner_is_row || f.grad == nullptr || grad_cols == nullptr ||
+        cols_into_rows || want_dbias || f.scratch == nullptr)
+      return false;
+    const index_t D = f.prob.depth;
+    const BackwardPlan plan = BackwardPlan::fused(f.prob.rows.count, f.prob.cols.count, D, multiprocessors(device),
+                                                  sizeof(float), f.scratch_bytes);
+    if (plan.chunk == 0) return false;
+    run_chunks<float, Product>(stream, plan, f, aligned_base(f.scratch), OtherGradient<float>{grad_cols, f.accumulate});
+    return true;
+  }
+
+ private:
+  /// The other side's gradient, when the fused backward adds it chunk after chunk (grad != nullptr).
+  template <class T>
+  struct OtherGradient {
+    T* grad = nullptr;
+    bool accumulate = false;  // the first chunk adds too
+  };
+
+  template <class T, class Product, class F>
+  static void run_chunks(cudaStream_t stream, const BackwardPlan& plan, const F& f, char* base,
+                         const OtherGradient<T>& other_grad) {
     static const bool configured =
         (raise_smem_limit(gradient_sweep_kernel<T, F, Product>, SWEEP_SMEM_BYTES, "gradient_sweep_kernel"),
          raise_smem_limit(grad_product_kernel<T, Product>, PRODUCT_SMEM_BYTES, "grad_product_kernel"), true);
     (void)configured;
-    WorkspaceCarver carver(aligned_base(scratch));
+    const Side<T>& own = f.owner_is_row ? f.prob.rows : f.prob.cols;
+    const Side<T>& other = f.owner_is_row ? f.prob.cols : f.prob.rows;
+    const index_t D = f.prob.depth;
+    WorkspaceCarver carver(base);
     const BackwardPlan::Buffers buf = plan.carve(carver, D);
     const bool sums = f.dscale_part != nullptr || f.dbias != nullptr;
     const bool filter = f.grad != nullptr && f.filter_eps > 0;
@@ -449,21 +572,19 @@ struct LseBackwardMma {
     for (index_t a_begin = 0; a_begin < own.count; a_begin += plan.chunk) {
       const index_t a_end = std::min(own.count, a_begin + plan.chunk), chunk = a_end - a_begin;
       const index_t row_tiles = (chunk + BM - 1) / BM;
-      const GradientParams<T, F> params{f,
-                                        own,
-                                        other,
-                                        a_begin,
-                                        a_end,
-                                        plan.ldp,
-                                        plan.col_tiles_per_split,
-                                        f.grad ? reinterpret_cast<T*>(buf.G) : nullptr,
-                                        filter ? buf.tile_mask : nullptr,
-                                        int(plan.col_tiles),
-                                        scaled ? buf.row_scale : nullptr,
-                                        buf.other_bound,
-                                        sums ? buf.row_sums : nullptr,
-                                        f.dscale_part != nullptr,
-                                        f.prob.logit.plain(f.prob.cols)};
+      GradientParams<T, F> params{f, own, other};
+      params.a_begin = a_begin, params.a_end = a_end, params.ldp = plan.ldp;
+      params.col_tiles_per_split = plan.col_tiles_per_split;
+      params.G = f.grad ? reinterpret_cast<T*>(buf.G) : nullptr;
+      params.Gt = other_grad.grad ? reinterpret_cast<T*>(buf.Gt) : nullptr;
+      params.ldt = plan.ldt;
+      params.tile_mask = filter ? buf.tile_mask : nullptr;
+      params.mask_ld = int(plan.col_tiles);
+      params.row_scale = scaled ? buf.row_scale : nullptr;
+      params.other_bound = buf.other_bound;
+      params.part = sums ? buf.row_sums : nullptr;
+      params.sum_products = f.dscale_part != nullptr;
+      params.plain_logits = f.prob.logit.plain(f.prob.cols);
       gradient_sweep_kernel<T, F, Product>
           <<<dim3(unsigned(row_tiles), unsigned(plan.sweep_splits)), THREADS, SWEEP_SMEM_BYTES, stream>>>(params);
       check_launch("gradient_sweep_kernel");
@@ -473,19 +594,34 @@ struct LseBackwardMma {
         check_launch("row_sums_reduce_kernel");
       }
       if (!f.grad) continue;
+      ProductParams<T> own_product;  // dA_chunk = G B
+      own_product.G = reinterpret_cast<const T*>(buf.G), own_product.ldg = plan.ldp, own_product.rows = chunk;
+      own_product.X = other, own_product.D = D, own_product.k_tiles_per_split = plan.k_tiles_per_split;
+      own_product.tile_mask = params.tile_mask, own_product.mask_m = plan.col_tiles, own_product.mask_k = 1;
+      own_product.row_scale = params.row_scale;
+      own_product.own = own, own_product.a_begin = a_begin;
+      own_product.grad = f.grad, own_product.accumulate = f.accumulate, own_product.part = buf.part;
       const dim3 grid(unsigned(row_tiles), unsigned((D + BN - 1) / BN), unsigned(plan.k_splits));
-      grad_product_kernel<T, Product><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(
-          reinterpret_cast<const T*>(buf.G), plan.ldp, chunk, other, D, plan.k_tiles_per_split,
-          filter ? buf.tile_mask : nullptr, int(plan.col_tiles), scaled ? buf.row_scale : nullptr, own, a_begin, f.grad,
-          f.accumulate, buf.part);
+      grad_product_kernel<T, Product><<<grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(own_product);
       check_launch("grad_product_kernel");
       if (plan.k_splits > 1) {
         gradient_reduce_kernel<T><<<grid_for(chunk * D), 256, 0, stream>>>(buf.part, plan.k_splits, chunk, D, own,
                                                                            a_begin, f.grad, f.accumulate);
         check_launch("gradient_reduce_kernel");
       }
+      if (!other_grad.grad) continue;
+      ProductParams<T> other_product;  // dB (+)= G^T A_chunk, one K split: the other side has the tiles
+      other_product.G = reinterpret_cast<const T*>(buf.Gt), other_product.ldg = plan.ldt;
+      other_product.rows = other.count;
+      other_product.X = side_part(own, a_begin, chunk, D), other_product.D = D;
+      other_product.k_tiles_per_split = int((chunk + depth_per_stage<T> - 1) / depth_per_stage<T>);
+      other_product.tile_mask = params.tile_mask, other_product.mask_m = 1, other_product.mask_k = plan.col_tiles;
+      other_product.own = other, other_product.a_begin = 0;
+      other_product.grad = other_grad.grad, other_product.accumulate = other_grad.accumulate || a_begin > 0;
+      const dim3 other_grid(unsigned(plan.col_tiles), unsigned((D + BN - 1) / BN), 1);
+      grad_product_kernel<T, Product><<<other_grid, THREADS, PRODUCT_SMEM_BYTES, stream>>>(other_product);
+      check_launch("grad_product_kernel");
     }
-    return true;
   }
 };
 
