@@ -143,7 +143,7 @@ struct GradientEpilogue {
     }
     bool significant = false;
     // dL/dz * scale replaces each dot product in acc; stored once the tile's fate is known.
-    if (p.plain_logits && row0 + BM <= p.a_end && col_base + BN <= p.B.count)
+    if (p.plain_logits && full_tile(row0, p.a_end, col_base, p.B.count))
       shares<true>(acc, ct, significant);
     else
       shares<false>(acc, ct, significant);

@@ -52,7 +52,7 @@ struct LseEpilogue {
   /// takes x = scale * dot alone: the per-entry model's ids, mask tests and branches were most of
   /// the epilogue's instructions (docs/notes/2026-12-07-float32-split.md).
   __device__ __forceinline__ void to_logits(TileAccumulator& acc, index_t col_base, const WarpPosition& w) const {
-    if (p.plain_logits && row0 + BM <= p.A.count && col_base + BN <= p.B.count) {
+    if (p.plain_logits && full_tile(row0, p.A.count, col_base, p.B.count)) {
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll

@@ -37,6 +37,12 @@ struct WarpPosition {
   __device__ int col(int nt, int j) const { return wn * 32 + nt * 8 + (lane & 3) * 2 + j; }
 };
 
+/// Whether the block's tile of rows [row0, row0 + BM) and columns [col_base, col_base + BN) lies
+/// inside the rows before a_end and the columns before b_count: no entry needs an edge test.
+__device__ __forceinline__ bool full_tile(index_t row0, index_t a_end, index_t col_base, index_t b_count) {
+  return row0 + BM <= a_end && col_base + BN <= b_count;
+}
+
 /// Zeroes a warp's accumulator (before a tile, and after the epilogue has consumed it).
 __device__ __forceinline__ void clear(TileAccumulator& acc) {
 #pragma unroll
