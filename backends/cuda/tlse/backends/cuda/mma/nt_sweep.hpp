@@ -77,44 +77,44 @@ struct OneMmaPerBlock {
   }
 };
 
-/// Exact float on TF32 tensor cores, the 3xTF32 split of CUTLASS's big + small GEMMs: each operand
-/// x = big + small with big = tf32(x) and small = tf32(x - big), both rounded to nearest (ties
-/// away from zero, as cvt.rna), so |x - big - small| <= 2^-22 |x|; a b = a_small b_big +
-/// a_big b_small + a_big b_big with the small terms first, dropping a_small b_small
-/// (<= 2^-22 |a b|): products within a few units of float's rounding, whose sum over the depth
-/// errs more, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures the
-/// error against float64).
+/// Exact float on TF32 tensor cores, the 3xTF32 scheme of CUTLASS's big + small GEMMs: each operand
+/// x = big + small, a b = a_small b_big + a_big b_small + a_big b_big with the small terms first,
+/// dropping a_small b_small: products within a few units of float's rounding, whose sum over the
+/// depth errs more, at three tensor-core products each (docs/notes/2026-12-06-float32.md measures
+/// the error against float64).
 ///
-/// The split is integer arithmetic on the bits: rounding to nearest with ties away from zero is
-/// adding half a TF32 unit (0x1000) to the magnitude's bits and clearing the 13 below TF32's,
-/// which gives cvt.rna's parts bit for bit. ptxas has no native cvt.rna.tf32 for sm_90 and
-/// emulates each one with a finiteness test and selects; here one range test per register serves
-/// both parts and the cross terms, since the kernels are bound by instruction issue
-/// (docs/notes/2026-12-07-float32-split.md).
+/// The split is Veltkamp's, in float arithmetic: t = (2^13 + 1) x, big = t - (t - x) keeps 11
+/// significant bits (TF32's, so the tensor cores take it whole) and small = x - big is exact, of
+/// at most 12 bits, of which the tensor cores read the top 11: |x - big - small_read| <= 2^-22 |x|
+/// (2^-23 at worst over every significand, checked exhaustively in float arithmetic). Float
+/// multiplies and adds, because the kernels are bound by instruction issue on the integer
+/// pipe: the integer form of the same rounding (and ptxas's emulated cvt.rna.tf32, more so) kept
+/// that pipe busier than the tensor cores (docs/notes/2026-12-07-float32-split.md and
+/// 2026-12-07-float32-fused.md). The _rn intrinsics keep the compiler from fusing t - x into an
+/// FMA, which would break the split.
 ///
 /// An operand that does not split keeps small = 0 and enters the cross terms as 0, so that its
 /// product is big times big alone, as in float (a cross term small * inf would be NaN wherever the
 /// other operand's small part is 0: a -inf mask times an exact 1): infinities and NaN, and finite
-/// values of magnitude at or above 0x1.ffep127 (whose rounding would overflow), which enter
-/// unrounded.
+/// values of magnitude at or above 2^114 (where (2^13 + 1) x would overflow), which enter as
+/// they are (the tensor cores read their TF32 part).
 struct SplitTf32 {
   template <class T>
   static bool applies(const TileProblem<T, float>& prob) {
     return sizeof(T) == 4 && !prob.tf32;
   }
-  static constexpr unsigned TF32_BITS = 0xffffe000u;  // sign, exponent and TF32's 10 mantissa bits
-  static constexpr unsigned HALF_UNIT = 0x1000u;      // half a unit in TF32's last place
-  /// The bits of the smallest magnitude whose TF32 rounding overflows.
-  static constexpr unsigned ROUNDS_TO_INF = 0x7f7ff000u;
+  static constexpr float SPLITTER = 8193.f;        // 2^13 + 1: big keeps 24 - 13 significant bits
+  static constexpr float SPLITS_BELOW = 0x1p114f;  // SPLITTER * x stays finite below it
 
   /// x (bits, in place) split into big and small; cross is big as the cross terms take it.
   static __device__ __forceinline__ void split(unsigned& x, unsigned& small, unsigned& cross) {
-    const bool splits = fabsf(__uint_as_float(x)) < __uint_as_float(ROUNDS_TO_INF);
-    const unsigned keep = splits ? TF32_BITS : 0u;
-    const unsigned big = (x + HALF_UNIT) & TF32_BITS;
-    small = (__float_as_uint(__uint_as_float(x) - __uint_as_float(big)) + HALF_UNIT) & keep;
-    cross = big & keep;
-    x = splits ? big : x;
+    const float v = __uint_as_float(x);
+    const float t = __fmul_rn(SPLITTER, v);
+    const float big = __fsub_rn(t, __fsub_rn(t, v));
+    const bool splits = fabsf(v) < SPLITS_BELOW;
+    small = splits ? __float_as_uint(__fsub_rn(v, big)) : 0u;
+    cross = splits ? __float_as_uint(big) : 0u;
+    x = splits ? __float_as_uint(big) : x;
   }
   template <int N>
   static __device__ __forceinline__ void split(unsigned (&x)[N], unsigned (&small)[N], unsigned (&cross)[N]) {
