@@ -122,7 +122,11 @@ struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
         return true;
 #endif
       if constexpr (std::is_same<T, float>::value) {
-        if (!tile_kernels_take_float(exec, r.prob.tf32 ? Precision::tf32 : Precision::exact)) return false;
+        // Only both gradients gain (one wanted is one pass anyway); the self-similarity form's
+        // columns add into the rows the chunks are writing, and dbias would need column sums.
+        if (!r.grad_rows || !r.grad_cols || r.cols_into_rows || r.dbias ||
+            !tile_kernels_take_float(exec, r.prob.tf32 ? Precision::tf32 : Precision::exact))
+          return false;
         BackwardTiles<T, Acc> rows{};  // the row pass, whose sweep serves both products
         rows.prob = r.prob;
         rows.owner_is_row = true;
@@ -137,7 +141,7 @@ struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
         rows.scratch_bytes = r.scratch_bytes;
         return with_tile_product<float>(r.prob.tf32, [&](auto product) {
           return cuda::LseBackwardMma::run_fused<decltype(product)>(exec.cuda_stream(), exec.cuda_device(), rows,
-                                                                    r.grad_cols, r.cols_into_rows, r.dbias != nullptr);
+                                                                    r.grad_cols);
         });
       }
     }

@@ -522,17 +522,16 @@ struct LseBackwardMma {
     return true;
   }
 
-  /// Runs a whole backward (both gradients, dscale) of float inputs as one pass owning the rows
-  /// whose sweep also feeds dB = G^T A (the top of this file), with the plan the scratch holds:
-  /// the one fused_scratch_bytes sized for the call's budget. f is the row pass of the request
-  /// (a BackwardTiles<float, float>). False where it does not qualify: a gradient not wanted (the
-  /// passes cost the same), the columns' gradient added into the rows' (self-similarity), dbias,
-  /// or the scratch too small; the passes then run.
+  /// Runs a whole backward of float inputs that wants both gradients (and maybe dscale) as one
+  /// pass owning the rows, whose sweep also feeds dB = G^T A (the top of this file), with the plan
+  /// the scratch holds: the one fused_scratch_bytes sized for the call's budget. f is the row pass
+  /// (a BackwardTiles<float, float> with grad set, no dbias), grad_cols the columns' gradient (by
+  /// id, added into with f.accumulate). False where the problem does not qualify or not even one
+  /// row tile fits the scratch; the passes then run.
   template <class Product, class F>
-  static bool run_fused(cudaStream_t stream, int device, const F& f, float* grad_cols, bool cols_into_rows,
-                        bool want_dbias) {
+  static bool run_fused(cudaStream_t stream, int device, const F& f, float* grad_cols) {
     if (!applies<float, Product>(f.prob) || !f.owner_is_row || f.grad == nullptr || grad_cols == nullptr ||
-        cols_into_rows || want_dbias || f.scratch == nullptr)
+        f.dbias != nullptr || f.scratch == nullptr)
       return false;
     const index_t D = f.prob.depth;
     const BackwardPlan plan = BackwardPlan::fused(f.prob.rows.count, f.prob.cols.count, D, multiprocessors(device),
