@@ -89,10 +89,10 @@ $compile_only && exit 0
 
 carry=$build/carry
 rm -rf "$carry" && mkdir -p "$carry"
-# The GPU tests (test_hopper_plan checks host arithmetic: the host suite runs it) and the tools
-# the GPU runs use. A device call carries at most 64 MiB: build-cuda/carry.tar.gz holds the same
-# (scripts/carry_dir.sh unpacks it on the GPU machine).
-find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' ! -name test_hopper_plan -exec cp {} "$carry/" \;
+# The GPU tests (test_hopper_plan and test_mma_backward_plan check host arithmetic: the host suite
+# runs them) and the tools the GPU runs use. A device call carries at most 64 MiB:
+# build-cuda/carry.tar.gz holds the same (scripts/carry_dir.sh unpacks it on the GPU machine).
+find "$build/unit_tests" -maxdepth 1 -type f -executable -name 'test_*' ! -name test_hopper_plan ! -name test_mma_backward_plan -exec cp {} "$carry/" \;
 for exe in apps/tlse perf_tests/distributed_benchmark; do
   [ -x "$build/$exe" ] && cp "$build/$exe" "$carry/"
 done

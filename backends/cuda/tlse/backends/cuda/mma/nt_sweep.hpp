@@ -9,20 +9,9 @@
 // float32 as 3xTF32 among them), FFMA in mma/ffma_product.hpp, all into the same accumulator
 // layout.
 #include <tlse/backends/cuda/mma/primitives.hpp>
+#include <tlse/backends/cuda/mma/tile_shape.hpp>
 
 namespace tlse::impl::cuda {
-
-// Shared-memory geometry in 16-bit units whatever the input type: a stage holds 128 bytes of
-// depth per row, i.e. 64 bf16/fp16 values or 32 floats (depth_per_stage<T>).
-constexpr int BM = 128, BN = 128, BK = 64, STAGES = 3, THREADS = 256;
-constexpr int LDS = BK + 8;  // shared row stride in halves: 144 bytes keeps ldmatrix conflict-free
-constexpr int LDSB = BN + 8;  // k-major B tile row stride of the gradient product (in its elements)
-constexpr int CHUNKS = BM * BK / 8 / THREADS;  // 16-byte copies per thread per operand and stage
-template <class T>
-constexpr int depth_per_stage = BK * 2 / int(sizeof(T));
-template <class T>
-constexpr int per_16_bytes = 16 / int(sizeof(T));
-constexpr int SWEEP_SMEM_BYTES = STAGES * (BM + BN) * LDS * 2;
 
 /// Accumulator layout of a warp (8 warps as 2 x 4, each a 64 x 32 sub-tile of 4 x 4 mma tiles):
 /// acc[mt][nt][2 h + j] holds row  wm * 64 + mt * 16 + lane / 4 + 8 h  and
