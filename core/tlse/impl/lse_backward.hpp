@@ -28,6 +28,26 @@ struct BackwardTiles {
   char* scratch;                     // for a backend specialization: backward_scratch_bytes of the call
   std::size_t scratch_bytes;
 
+  /// The pass owning a request's rows: grad_rows and dscale.
+  static BackwardTiles row_pass(const BackwardRequest<T, Acc>& r) {
+    BackwardTiles f = common(r);
+    f.owner_is_row = true;
+    f.grad = r.grad_rows;
+    f.accumulate = r.accumulate;
+    f.dscale_part = r.dscale_part;
+    return f;
+  }
+  /// The pass owning its columns: grad_cols (or, for the self-similarity form, the columns' share
+  /// added into grad_rows) and dbias.
+  static BackwardTiles column_pass(const BackwardRequest<T, Acc>& r) {
+    BackwardTiles f = common(r);
+    f.owner_is_row = false;
+    f.grad = r.cols_into_rows ? r.grad_rows : r.grad_cols;
+    f.accumulate = r.cols_into_rows || r.accumulate;
+    f.dbias = r.dbias;
+    return f;
+  }
+
   static std::size_t scratch0_bytes() { return Scratch::bytes() + 2 * sizeof(Acc) * TM; }
   static std::size_t scratch1_bytes(index_t depth) { return sizeof(Acc) * TM * std::size_t(depth); }
 
@@ -125,6 +145,19 @@ struct BackwardTiles {
       }
     });
   }
+
+ private:
+  /// What both passes take from the request; the rest is value-initialized (nothing wanted).
+  static BackwardTiles common(const BackwardRequest<T, Acc>& r) {
+    BackwardTiles f{};
+    f.prob = r.prob;
+    f.row_terms = r.row_terms;
+    f.col_terms = r.col_terms;
+    f.filter_eps = r.filter_eps;
+    f.scratch = r.scratch;
+    f.scratch_bytes = r.scratch_bytes;
+    return f;
+  }
 };
 
 /// Launches one backward pass. The owned side's positions are split into TM-row teams.
@@ -149,29 +182,9 @@ void lse_backward(const Exec& exec, const BackwardRequest<T, Acc>& r) {
   if (r.prob.rows.count > 0 && r.prob.cols.count > 0 && specializations_enabled() &&
       LseBackwardFusedSpecialization<Exec>::run(exec, r))
     return;
-  BackwardTiles<T, Acc> f{};
-  f.prob = r.prob;
-  f.row_terms = r.row_terms;
-  f.col_terms = r.col_terms;
-  f.filter_eps = r.filter_eps;
-  f.scratch = r.scratch;
-  f.scratch_bytes = r.scratch_bytes;
-  if (r.grad_rows || r.dscale_part) {
-    f.owner_is_row = true;
-    f.grad = r.grad_rows;
-    f.accumulate = r.accumulate;
-    f.dscale_part = r.dscale_part;
-    lse_backward_pass(exec, f);
-  }
-  T* col_grad = r.cols_into_rows ? r.grad_rows : r.grad_cols;
-  if (col_grad || r.dbias) {
-    f.owner_is_row = false;
-    f.grad = col_grad;
-    f.accumulate = r.cols_into_rows || r.accumulate;
-    f.dscale_part = nullptr;
-    f.dbias = r.dbias;
-    lse_backward_pass(exec, f);
-  }
+  using F = BackwardTiles<T, Acc>;
+  if (r.grad_rows || r.dscale_part) lse_backward_pass(exec, F::row_pass(r));
+  if ((r.cols_into_rows ? r.grad_rows : r.grad_cols) || r.dbias) lse_backward_pass(exec, F::column_pass(r));
 }
 
 }  // namespace tlse::impl

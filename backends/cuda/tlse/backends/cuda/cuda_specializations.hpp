@@ -127,18 +127,7 @@ struct LseBackwardFusedSpecialization<Kokkos::Cuda> {
         if (!r.grad_rows || !r.grad_cols || r.cols_into_rows || r.dbias ||
             !tile_kernels_take_float(exec, r.prob.tf32 ? Precision::tf32 : Precision::exact))
           return false;
-        BackwardTiles<T, Acc> rows{};  // the row pass, whose sweep serves both products
-        rows.prob = r.prob;
-        rows.owner_is_row = true;
-        rows.row_terms = r.row_terms;
-        rows.col_terms = r.col_terms;
-        rows.filter_eps = r.filter_eps;
-        rows.grad = r.grad_rows;
-        rows.accumulate = r.accumulate;
-        rows.dscale_part = r.dscale_part;
-        rows.dbias = nullptr;
-        rows.scratch = r.scratch;
-        rows.scratch_bytes = r.scratch_bytes;
+        const auto rows = BackwardTiles<T, Acc>::row_pass(r);  // its sweep serves both products
         return with_tile_product<float>(r.prob.tf32, [&](auto product) {
           return cuda::LseBackwardMma::run_fused<decltype(product)>(exec.cuda_stream(), exec.cuda_device(), rows,
                                                                     r.grad_cols);
